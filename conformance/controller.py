@@ -1,0 +1,295 @@
+"""The controller side: one long-lived world of ranks, and tasks run on it under a deadline.
+
+The pytest process is the controller. It owns the control store, starts torchrun, hands
+every rank the same task and gathers one result per rank. It is the only party that can
+be trusted to notice a hang or a death, so every way a rank can stop answering ends here
+in a verdict with evidence (the rank's traceback, its stack, its log) and a fresh world.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from conformance import protocol
+from conformance.launch import ROOT, LaunchSpec
+
+POLL_S = 0.005
+STACK_WAIT_S = 2.0
+LOG_TAIL_CHARS = 4000
+# Who caused a failure and who merely suffered it: a death explains a peer's "connection
+# closed by peer", never the other way round.
+_BLAME_ORDER = {protocol.DIED: 0, protocol.FAILED: 1, protocol.TIMEOUT: 2, protocol.ABORTED: 3, protocol.PASSED: 4}
+
+
+class WorldStartError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass
+class Outcome:
+    """Every rank's answer to one task."""
+
+    results: list[protocol.RankResult]
+    duration: float  # the task itself, not counting a world start
+    startup: float  # seconds spent starting a world for this task (0 when reused)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def values(self) -> list[object]:
+        return [r.value for r in self.results]
+
+    def culprits(self) -> list[protocol.RankResult]:
+        return sorted((r for r in self.results if not r.ok), key=lambda r: (_BLAME_ORDER[r.status], r.rank))
+
+    def describe(self) -> str:
+        parts = []
+        for r in self.culprits():
+            parts.append(f"--- rank {r.rank}: {r.status} after {r.duration:.1f}s ---")
+            for title, body in (("error", r.error), ("stacks", r.stacks), ("log tail", r.log_tail)):
+                if body and body.strip():
+                    parts.append(f"[{title}]\n{body.rstrip()}")
+        return "\n".join(parts)
+
+
+def _process_state(pid: int) -> tuple[bool, int | None]:
+    """(alive, wait status) of a process that is not our child: /proc shows zombies' status."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except FileNotFoundError:
+        return False, None
+    except OSError:  # no /proc (macOS): a zombie counts as alive until torchrun reaps it
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False, None
+        return True, None
+    if fields[0] in ("Z", "X"):
+        return False, int(fields[49]) if len(fields) > 49 else None
+    return True, None
+
+
+def _describe_exit(status: int | None) -> str:
+    if status is None:
+        return "the rank process exited (its exit status was already reaped)"
+    if status & 0x7F:
+        sig = status & 0x7F
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"the rank process was killed by signal {name}"
+    return f"the rank process exited with code {(status >> 8) & 0xFF}"
+
+
+def _tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return ""
+    return data[-chars:].decode(errors="replace")
+
+
+class World:
+    """A torchrun world that outlives tasks, restarted only when a task leaves it unfit."""
+
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        *,
+        base_dir: Path | None = None,
+        start_timeout: float = 180.0,
+        failure_grace: float = 5.0,
+    ) -> None:
+        self.spec = spec
+        self.base_dir = base_dir
+        self.start_timeout = start_timeout
+        self.failure_grace = failure_grace
+        self.starts = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._store = None
+        self._dir: Path | None = None
+        self._pids: dict[int, int] = {}
+        self._seq = 0
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> float:
+        import torch.distributed as dist
+
+        self.close()
+        began = time.monotonic()
+        self.starts += 1
+        if self.base_dir is not None:
+            self.base_dir.mkdir(parents=True, exist_ok=True)
+        self._dir = Path(tempfile.mkdtemp(prefix="world-", dir=self.base_dir))
+        self._store = dist.TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+        )
+        self._seq = 0
+        self._pids = {}
+        with open(self._dir / "torchrun.log", "wb") as log:
+            self._proc = subprocess.Popen(
+                self.spec.command(),
+                env=self.spec.environment(f"127.0.0.1:{self._store.port}", self._dir),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                start_new_session=True,  # one process group: killing the world kills every rank
+            )
+        keys = [protocol.hello_key(r) for r in range(self.spec.nproc)]
+        while not self._store.check(keys):
+            if self._proc.poll() is not None or time.monotonic() - began > self.start_timeout:
+                reason = (
+                    f"torchrun exited with {self._proc.returncode}"
+                    if self._proc.poll() is not None
+                    else f"ranks did not all greet within {self.start_timeout:.0f}s"
+                )
+                logs = self._logs()
+                self.kill()
+                raise WorldStartError(f"the world did not start: {reason}\n{logs}")
+            time.sleep(POLL_S)
+        self._pids = {r: json.loads(self._store.get(protocol.hello_key(r)))["pid"] for r in range(self.spec.nproc)}
+        return time.monotonic() - began
+
+    def kill(self) -> None:
+        if self._proc is not None:
+            # the process group covers torchrun and its ranks; the pids cover a rank that left it
+            for kill, target in [(os.killpg, self._proc.pid), *((os.kill, p) for p in self._pids.values())]:
+                try:
+                    kill(target, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            self._proc.wait()
+        self._proc = None
+        self._store = None
+        self._pids = {}
+
+    def close(self) -> None:
+        """Stop the world politely when it is idle and healthy, by force otherwise."""
+        if self.alive and self._store is not None:
+            self._store.set(protocol.task_key(self._seq), protocol.Task(protocol.SHUTDOWN).encode())
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    # -- tasks -------------------------------------------------------------------------
+
+    def run(self, task: protocol.Task, timeout: float) -> Outcome:
+        startup = 0.0
+        if not self.alive:
+            began = time.monotonic()
+            try:
+                startup = self.start()
+            except WorldStartError as exc:
+                results = [protocol.RankResult(r, protocol.FAILED, error=str(exc)) for r in range(self.spec.nproc)]
+                return Outcome(results, 0.0, time.monotonic() - began)
+        outcome = self._dispatch(task, timeout)
+        outcome.startup = startup
+        if not outcome.ok:
+            # A failed task can leave collectives half-done on some ranks: never reuse the world.
+            self.kill()
+        return outcome
+
+    def _dispatch(self, task: protocol.Task, timeout: float) -> Outcome:
+        assert self._store is not None and self._proc is not None
+        seq = self._seq
+        self._seq += 1
+        began = time.monotonic()
+        self._store.set(protocol.task_key(seq), task.encode())
+        results: dict[int, protocol.RankResult] = {}
+        first_failure: float | None = None
+        while True:
+            for rank in self._pending(results):
+                key = protocol.result_key(seq, rank)
+                if self._store.check([key]):
+                    results[rank] = protocol.RankResult.decode(self._store.get(key))
+                    self._store.delete_key(key)
+                    if not results[rank].ok:
+                        first_failure = first_failure or time.monotonic()
+            pending = self._pending(results)
+            if not pending:
+                break
+            now = time.monotonic()
+            states = {r: _process_state(self._pids[r]) for r in pending}
+            dead = {r: status for r, (alive, status) in states.items() if not alive}
+            if dead or self._proc.poll() is not None:
+                for rank, status in dead.items():
+                    results[rank] = protocol.RankResult(rank, protocol.DIED, error=_describe_exit(status))
+                if not dead:  # torchrun itself went away: every pending rank is lost
+                    for rank in pending:
+                        results[rank] = protocol.RankResult(rank, protocol.DIED, error="torchrun exited")
+                self._abort(results, protocol.ABORTED, "stopped after a peer rank died")
+                break
+            if first_failure is not None and now - first_failure > self.failure_grace:
+                self._abort(results, protocol.ABORTED, f"still running {self.failure_grace:.0f}s after a peer failed")
+                break
+            if now - began > timeout:
+                self._abort(results, protocol.TIMEOUT, f"no result within the cell timeout of {timeout:.0f}s")
+                break
+            time.sleep(POLL_S)
+        duration = time.monotonic() - began
+        for r in results.values():
+            if not r.ok:
+                r.duration = r.duration or duration
+                r.log_tail = _tail(self._dir / f"rank{r.rank}.log") if self._dir else None
+        return Outcome([results[r] for r in range(self.spec.nproc)], duration, 0.0)
+
+    def _pending(self, results: dict[int, protocol.RankResult]) -> list[int]:
+        return [r for r in range(self.spec.nproc) if r not in results]
+
+    def _abort(self, results: dict[int, protocol.RankResult], status: str, why: str) -> None:
+        """Take the stacks of every rank still running, then mark them with ``status``."""
+        pending = self._pending(results)
+        stacks = self._collect_stacks(pending)
+        for rank in pending:
+            results[rank] = protocol.RankResult(rank, status, error=why, stacks=stacks.get(rank))
+        self.kill()
+
+    def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
+        assert self._dir is not None
+        files = {r: self._dir / f"rank{r}.stacks" for r in ranks}
+        sizes = {r: f.stat().st_size if f.exists() else 0 for r, f in files.items()}
+        signalled = []
+        for r in ranks:
+            try:
+                os.kill(self._pids[r], signal.SIGUSR1)
+                signalled.append(r)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + STACK_WAIT_S
+        while time.monotonic() < deadline and not all(
+            files[r].exists() and files[r].stat().st_size > sizes[r] for r in signalled
+        ):
+            time.sleep(0.02)
+        time.sleep(0.05)  # let faulthandler finish writing every thread
+        return {r: files[r].read_bytes()[sizes[r]:].decode(errors="replace") for r in signalled if files[r].exists()}
+
+    def _logs(self) -> str:
+        if self._dir is None:
+            return ""
+        parts = [f"[torchrun]\n{_tail(self._dir / 'torchrun.log')}"]
+        parts += [f"[rank {r}]\n{_tail(self._dir / f'rank{r}.log')}" for r in range(self.spec.nproc)]
+        return "\n".join(parts)
