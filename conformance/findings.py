@@ -1,0 +1,47 @@
+"""What a check found on one rank: failures with messages, and the numbers it measured."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+
+@dataclasses.dataclass
+class Findings:
+    failures: list[str] = dataclasses.field(default_factory=list)
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def expect(self, what: str) -> Iterator[None]:
+        """Record an AssertionError raised inside as a failure of ``what`` and go on."""
+        try:
+            yield
+        except AssertionError as exc:
+            self.failures.append(f"{what}: {exc}")
+
+    def equal(self, what: str, actual: Any, expected: Any) -> None:
+        self.metrics[what] = {"expected": expected, "actual": actual}
+        with self.expect(what):
+            assert actual == expected, f"expected {expected}, got {actual}"
+
+    def close(
+        self, what: str, actual: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], **tol: float
+    ) -> None:
+        """assert_close per name; the worst absolute error over all names becomes a metric."""
+        worst = 0.0
+        for name, exp in expected.items():
+            act = actual.get(name)
+            with self.expect(f"{what} [{name}]"):
+                assert act is not None, "missing"
+                torch.testing.assert_close(act, exp, **tol)
+            if act is not None and act.shape == exp.shape:
+                err = (act.double() - exp.double()).abs().max().item() if exp.numel() else 0.0
+                worst = max(worst, err if err == err else float("inf"))  # NaN counts as the worst
+        self.metrics[f"{what} max_abs_err"] = worst
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
