@@ -1,0 +1,161 @@
+"""The pytest front end: options, one world per controller, cells as parametrized items.
+
+Loaded from the repository's conftest.py. Test modules of the suite take two fixtures:
+``cell`` (parametrized over the matrix, so each item's id spells the cell's axes) and
+``conformance`` (runs the cell on the world once, then asserts one check area of it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conformance import protocol
+from conformance.cells import Cell, matrix
+from conformance.controller import Outcome, World
+from conformance.launch import LaunchSpec, device_slice, resolve_backend
+
+RUN_CELL = "conformance.execute:run_cell"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("conformance", "Thunder distributed conformance")
+    group.addoption("--nproc", type=int, default=2, help="ranks per world (default 2)")
+    group.addoption(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="process group backend; auto = nccl when --nproc GPUs are visible, else gloo",
+    )
+    group.addoption(
+        "--cell-timeout", type=float, default=300.0, help="seconds a cell may run before its world is killed"
+    )
+    group.addoption(
+        "--isolate", action="store_true", help="start a fresh world for every cell instead of reusing one"
+    )
+    group.addoption("--report-dir", type=Path, default=None, help="write report.json, report.jsonl, summary.md here")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cell(id): a conformance cell, run on a torchrun world")
+    config.stash[RUNNER] = Runner(config)
+    report_dir = config.getoption("report_dir")
+    if report_dir is not None and not hasattr(config, "workerinput"):  # xdist workers report to the controller
+        from conformance.report import Reporter
+
+        config.pluginmanager.register(Reporter(report_dir, config.stash[RUNNER]), "conformance-reporter")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    runner = config.stash.get(RUNNER, None)
+    if runner is not None:
+        runner.close()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "cell" in metafunc.fixturenames:
+        cells = list(matrix(metafunc.config.getoption("nproc")))
+        metafunc.parametrize("cell", cells, ids=[c.id for c in cells])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")
+        if isinstance(cell, Cell):
+            # Every area of a cell reads one run: under `--dist loadgroup` they share a worker.
+            item.add_marker(pytest.mark.xdist_group(cell.id))
+            item.add_marker(pytest.mark.cell(cell.id))
+
+
+class Runner:
+    """The controller's state for one pytest process: its worlds and every cell's outcome."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.nproc: int = config.getoption("nproc")
+        self.backend = resolve_backend(config.getoption("backend"), self.nproc)
+        self.cell_timeout: float = config.getoption("cell_timeout")
+        self.isolate: bool = config.getoption("isolate")
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+        self.slot = int(worker[2:]) if worker[2:].isdigit() else 0
+        self.base_dir = Path(config.getoption("report_dir") or config.rootpath / ".conformance") / "worlds"
+        self.worlds: dict[int, World] = {}
+        self.outcomes: dict[str, Outcome] = {}
+
+    def world(self, size: int) -> World:
+        if size not in self.worlds:
+            spec = LaunchSpec(nproc=size, backend=self.backend, cuda_devices=device_slice(self.backend, size, self.slot))
+            self.worlds[size] = World(spec, base_dir=self.base_dir)
+        return self.worlds[size]
+
+    def run(self, cell: Cell) -> Outcome:
+        if cell.id not in self.outcomes:
+            world = self.world(cell.world_size)
+            self.outcomes[cell.id] = world.run(protocol.Task(RUN_CELL, {"axes": cell.axes()}), self.cell_timeout)
+            if self.isolate:
+                world.close()
+        return self.outcomes[cell.id]
+
+    def repro(self, nodeid: str) -> str:
+        return shlex.join(["python", "-m", "pytest", nodeid, "--nproc", str(self.nproc), "--backend", self.backend])
+
+    def close(self) -> None:
+        for world in self.worlds.values():
+            world.close()
+
+
+RUNNER = pytest.StashKey[Runner]()
+
+
+class Conformance:
+    """Bound to one test item: runs (or reuses) a cell and holds one check area to account."""
+
+    def __init__(self, runner: Runner, node: pytest.Item) -> None:
+        self.runner = runner
+        self.node = node
+
+    def expect(self, cell: Cell, area: str) -> None:
+        outcome = self.runner.run(cell)
+        self._record(cell, area, outcome)
+        repro = f"repro: {self.runner.repro(self.node.nodeid)}"
+        if not outcome.ok:
+            pytest.fail(f"cell {cell.id} did not run to completion\n{outcome.describe()}\n{repro}", pytrace=False)
+        failures = _by_message(
+            (rank, msg) for rank, value in enumerate(outcome.values) for msg in value["checks"][area]["failures"]
+        )
+        if failures:
+            lines = [f"{cell.id} does not conform ({area}):"]
+            lines += [f"  ranks {ranks}: {msg}" for msg, ranks in failures.items()]
+            pytest.fail("\n".join([*lines, repro]), pytrace=False)
+
+    def _record(self, cell: Cell, area: str, outcome: Outcome) -> None:
+        ranks = []
+        for r in outcome.results:
+            entry = {"rank": r.rank, "status": r.status}
+            if r.ok:
+                entry["failures"] = r.value["checks"][area]["failures"]
+                entry["status"] = protocol.FAILED if entry["failures"] else protocol.PASSED
+            ranks.append(entry)
+        metrics: dict[str, object] = {"world_start_s": outcome.startup, "cell_run_s": outcome.duration}
+        if outcome.ok:
+            first = outcome.values[0]
+            metrics.update(first["checks"][area]["metrics"])
+            metrics["timings"] = first["timings"]
+        props = {"cell": cell.id, "area": area, "axes": cell.axes(), "ranks": ranks, "metrics": metrics}
+        self.node.user_properties.extend((k, json.dumps(v)) for k, v in props.items())
+
+
+def _by_message(pairs: Iterator[tuple[int, str]]) -> dict[str, list[int]]:
+    grouped: dict[str, list[int]] = {}
+    for rank, msg in pairs:
+        grouped.setdefault(msg, []).append(rank)
+    return grouped
+
+
+@pytest.fixture
+def conformance(request: pytest.FixtureRequest) -> Conformance:
+    return Conformance(request.config.stash[RUNNER], request.node)

@@ -1,0 +1,113 @@
+"""Reports: report.jsonl as each item finishes, report.json and summary.md at the end.
+
+Everything is built from pytest's own reports (and the user_properties that each item of
+the suite attaches), so the files agree with pytest's exit status and its --junitxml.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from conformance import environment
+from conformance.cells import AXES
+
+if TYPE_CHECKING:
+    from conformance.plugin import Runner
+
+MARKS = {"passed": "✅", "failed": "❌", "skipped": "⏭️", "error": "💥", "xfailed": "⚠️ xfail", "xpassed": "❗ xpass"}
+
+
+def _outcome(report: pytest.TestReport) -> str:
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.when != "call" and report.failed:
+        return "error"
+    return report.outcome
+
+
+class Reporter:
+    def __init__(self, report_dir: Path, runner: Runner) -> None:
+        self.dir = report_dir
+        self.runner = runner
+        self.records: dict[str, dict[str, Any]] = {}
+        self.started = time.time()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = self.dir / "report.jsonl"
+        self.jsonl.write_text("")
+
+    # A test's record is complete once its last phase (teardown) is reported.
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        rec = self.records.setdefault(report.nodeid, {"id": report.nodeid, "outcome": "passed", "duration": 0.0})
+        rec["duration"] += report.duration
+        for key, value in report.user_properties:
+            rec[key] = json.loads(value)
+        if report.when == "call" or report.failed or report.skipped:
+            if rec["outcome"] in ("passed",):  # the first non-pass phase decides
+                rec["outcome"] = _outcome(report)
+                if report.failed:
+                    rec["message"] = report.longreprtext
+        if report.when == "teardown":
+            with self.jsonl.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    @pytest.hookimpl
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        records = list(self.records.values())
+        counts: dict[str, int] = {}
+        for rec in records:
+            counts[rec["outcome"]] = counts.get(rec["outcome"], 0) + 1
+        report = {
+            "environment": environment.describe(self.runner.backend, self.runner.nproc),
+            "exit_status": int(exitstatus),
+            "wall_s": time.time() - self.started,
+            "counts": counts,
+            "cells": records,
+        }
+        (self.dir / "report.json").write_text(json.dumps(report, indent=2))
+        (self.dir / "summary.md").write_text(summary(report, self.runner.repro))
+
+
+def summary(report: dict[str, Any], repro: Any) -> str:
+    env = report["environment"]
+    cells = [c for c in report["cells"] if "axes" in c]
+    by_cell: dict[str, dict[str, Any]] = {}
+    areas: list[str] = []
+    for c in cells:
+        row = by_cell.setdefault(c["cell"], {"axes": c["axes"]})
+        row[c["area"]] = c["outcome"]
+        if c["area"] not in areas:
+            areas.append(c["area"])
+    varying = [a for a in AXES if len({str(r["axes"][a]) for r in by_cell.values()}) > 1]
+    fixed = {a: next(iter(by_cell.values()))["axes"][a] for a in AXES if a not in varying} if by_cell else {}
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(report["counts"].items()))
+    src = env["thunder_source"]
+    lines = [
+        "# Thunder distributed conformance",
+        "",
+        f"Thunder {env['thunder']} ({src.get('spec') or 'the kit pin'}; from {src.get('installed_from')}), "
+        f"torch {env['torch']}, backend {env['backend']}, {env['world_size']} ranks: "
+        f"**{counts}** in {report['wall_s']:.1f} s (exit status {report['exit_status']}).",
+        "",
+    ]
+    if fixed:
+        lines += ["Every cell: " + ", ".join(f"{k}={v}" for k, v in fixed.items()) + ".", ""]
+    if by_cell:
+        lines.append("| " + " | ".join([*varying, *areas]) + " |")
+        lines.append("|" + "---|" * (len(varying) + len(areas)))
+        for row in by_cell.values():
+            marks = [MARKS.get(row.get(a, ""), "") for a in areas]
+            lines.append("| " + " | ".join([*(str(row["axes"][a]) for a in varying), *marks]) + " |")
+        lines.append("")
+    failed = [c for c in report["cells"] if c["outcome"] in ("failed", "error")]
+    if failed:
+        lines += ["## Failures", ""]
+        for c in failed:
+            first = (c.get("message") or "").strip().splitlines()[:12]
+            lines += [f"### `{c['id']}`", "", "```", *first, "```", "", f"Repro: `{repro(c['id'])}`", ""]
+    return "\n".join(lines)

@@ -1,0 +1,8 @@
+"""Collectives: all-gathers, reduce-scatters and all-reduces in the final forward and backward
+traces match what the model's storages imply (see conformance/collectives.py)."""
+
+from conformance.cells import Cell
+
+
+def test_collectives(conformance, cell: Cell) -> None:
+    conformance.expect(cell, "collectives")

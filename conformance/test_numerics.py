@@ -1,0 +1,8 @@
+"""Numerics: outputs, full gradients and parameters after a few optimizer steps equal eager
+PyTorch within the dtype's tolerance (see conformance/numerics.py for what is compared)."""
+
+from conformance.cells import Cell
+
+
+def test_numerics(conformance, cell: Cell) -> None:
+    conformance.expect(cell, "numerics")
