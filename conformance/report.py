@@ -66,6 +66,8 @@ class Reporter:
             "environment": environment.describe(self.runner.backend, self.runner.nproc),
             "exit_status": int(exitstatus),
             "wall_s": time.time() - self.started,
+            "worlds_started": self.runner.worlds_started,
+            "isolate": self.runner.isolate,
             "counts": counts,
             "cells": records,
         }

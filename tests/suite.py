@@ -1,0 +1,52 @@
+"""Running the conformance suite as a user would, in a subprocess, and reading its reports."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass
+class SuiteRun:
+    returncode: int
+    output: str
+    report: dict[str, Any]
+    jsonl: list[dict[str, Any]]
+    summary: str
+    junit: ET.Element
+
+    def outcomes(self, area: str) -> dict[str, str]:
+        """cell id -> outcome, for the items of one check area."""
+        return {c["cell"]: c["outcome"] for c in self.report["cells"] if c.get("area") == area}
+
+
+def run_suite(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600) -> SuiteRun:
+    report_dir = tmp / "report"
+    junit = tmp / "junit.xml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", "-q",
+         f"--report-dir={report_dir}", f"--junitxml={junit}", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    output = proc.stdout + proc.stderr
+    assert (report_dir / "report.json").exists(), output
+    return SuiteRun(
+        returncode=proc.returncode,
+        output=output,
+        report=json.loads((report_dir / "report.json").read_text()),
+        jsonl=[json.loads(line) for line in (report_dir / "report.jsonl").read_text().splitlines()],
+        summary=(report_dir / "summary.md").read_text(),
+        junit=ET.parse(junit).getroot(),
+    )
