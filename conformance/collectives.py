@@ -76,7 +76,11 @@ def expected_counts(module: torch.nn.Module, sharding: str, bucketing: str) -> d
     trainable = len(distinct_storages(module, trainable_only=True))
     return {
         "forward": {"all_gather": storages, "reduce_scatter": 0, "all_reduce": 0},
-        "backward": {"all_gather": storages if sharding == "zero3" else 0, "reduce_scatter": trainable, "all_reduce": 0},
+        "backward": {
+            "all_gather": storages if sharding == "zero3" else 0,
+            "reduce_scatter": trainable,
+            "all_reduce": 0,
+        },
     }
 
 

@@ -8,6 +8,7 @@ in a verdict with evidence (the rank's traceback, its stack, its log) and a fres
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -173,10 +174,8 @@ class World:
         if self._proc is not None:
             # the process group covers torchrun and its ranks; the pids cover a rank that left it
             for kill, target in [(os.killpg, self._proc.pid), *((os.kill, p) for p in self._pids.values())]:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     kill(target, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
             self._proc.wait()
         self._proc = None
         self._store = None
@@ -186,10 +185,8 @@ class World:
         """Stop the world politely when it is idle and healthy, by force otherwise."""
         if self.alive and self._store is not None:
             self._store.set(protocol.task_key(self._seq), protocol.Task(protocol.SHUTDOWN).encode())
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
         self.kill()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -285,7 +282,7 @@ class World:
         ):
             time.sleep(0.02)
         time.sleep(0.05)  # let faulthandler finish writing every thread
-        return {r: files[r].read_bytes()[sizes[r]:].decode(errors="replace") for r in signalled if files[r].exists()}
+        return {r: files[r].read_bytes()[sizes[r] :].decode(errors="replace") for r in signalled if files[r].exists()}
 
     def _logs(self) -> str:
         if self._dir is None:

@@ -145,10 +145,12 @@ def drive(cell: Cell) -> CellRun:
         inputs = [fixture.make_input(_generator(step, r), dtype).to(device) for r in range(world)]
         out = tm(inputs[rank])
         ref_outs = [reference(x) for x in inputs]
-        cotangents = [torch.randn(o.shape, generator=_generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)]
+        cotangents = [
+            torch.randn(o.shape, generator=_generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
+        ]
         (out * cotangents[rank]).sum().backward()
         # FSDP averages gradients over ranks: the reference loss is the mean of the ranks' losses.
-        (sum((o * c).sum() for o, c in zip(ref_outs, cotangents)) / world).backward()
+        (sum((o * c).sum() for o, c in zip(ref_outs, cotangents, strict=True)) / world).backward()
         steps.append(
             StepRecord(
                 output=out.detach().cpu(),

@@ -7,6 +7,7 @@ Loaded from the repository's conftest.py. Test modules of the suite take two fix
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -18,14 +19,16 @@ import pytest
 from conformance import protocol
 from conformance.cells import Cell, matrix
 from conformance.controller import Outcome, World
-from conformance.launch import LaunchSpec, device_slice, resolve_backend
+from conformance.launch import LaunchSpec, device_slice, resolve_backend, visible_cuda_devices
 
 RUN_CELL = "conformance.execute:run_cell"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "Thunder distributed conformance")
-    group.addoption("--nproc", type=int, default=2, help="ranks per world (default 2)")
+    group.addoption(
+        "--nproc", type=_nproc, default=2, help="ranks per world (default 2), or 'gpus' for one per visible GPU"
+    )
     group.addoption(
         "--backend",
         choices=("auto", "gloo", "nccl"),
@@ -35,10 +38,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--cell-timeout", type=float, default=300.0, help="seconds a cell may run before its world is killed"
     )
-    group.addoption(
-        "--isolate", action="store_true", help="start a fresh world for every cell instead of reusing one"
-    )
+    group.addoption("--isolate", action="store_true", help="start a fresh world for every cell instead of reusing one")
     group.addoption("--report-dir", type=Path, default=None, help="write report.json, report.jsonl, summary.md here")
+
+
+def _nproc(value: str) -> int:
+    if value == "gpus":
+        gpus = visible_cuda_devices()
+        if not gpus:
+            raise argparse.ArgumentTypeError("--nproc gpus: no GPU is visible")
+        return gpus
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError("--nproc must be at least 1")
+    return n
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -94,7 +107,9 @@ class Runner:
 
     def world(self, size: int) -> World:
         if size not in self.worlds:
-            spec = LaunchSpec(nproc=size, backend=self.backend, cuda_devices=device_slice(self.backend, size, self.slot))
+            spec = LaunchSpec(
+                nproc=size, backend=self.backend, cuda_devices=device_slice(self.backend, size, self.slot)
+            )
             self.worlds[size] = World(spec, base_dir=self.base_dir)
         return self.worlds[size]
 

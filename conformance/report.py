@@ -47,11 +47,11 @@ class Reporter:
         rec["duration"] += report.duration
         for key, value in report.user_properties:
             rec[key] = json.loads(value)
-        if report.when == "call" or report.failed or report.skipped:
-            if rec["outcome"] in ("passed",):  # the first non-pass phase decides
-                rec["outcome"] = _outcome(report)
-                if report.failed:
-                    rec["message"] = report.longreprtext
+        # the call decides, unless an earlier phase already failed or skipped
+        if rec["outcome"] == "passed" and (report.when == "call" or report.failed or report.skipped):
+            rec["outcome"] = _outcome(report)
+            if report.failed:
+                rec["message"] = report.longreprtext
         if report.when == "teardown":
             with self.jsonl.open("a") as f:
                 f.write(json.dumps(rec) + "\n")

@@ -32,8 +32,18 @@ def run_suite(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout:
     report_dir = tmp / "report"
     junit = tmp / "junit.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", "-q",
-         f"--report-dir={report_dir}", f"--junitxml={junit}", *args],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "conformance",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            f"--report-dir={report_dir}",
+            f"--junitxml={junit}",
+            *args,
+        ],
         cwd=ROOT,
         env={**os.environ, **(env or {})},
         capture_output=True,

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import collections
 import json
+import subprocess
+import sys
 
 import pytest
 
 from conformance.cells import AXES, matrix
-from tests.suite import SuiteRun, run_suite
+from tests.suite import ROOT, SuiteRun, run_suite
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +72,7 @@ def test_isolate_starts_a_world_per_cell(tmp_path) -> None:
     assert run.report["worlds_started"] == len(cells) == 2
 
 
-def test_usage_error_exits_2(tmp_path) -> None:
-    import subprocess
-    import sys
-
-    from tests.suite import ROOT
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance", "--backend", "bogus"], cwd=ROOT, capture_output=True
-    )
-    assert proc.returncode == 4 or proc.returncode == 2
+@pytest.mark.parametrize("bad", [["--backend", "bogus"], ["--nproc", "0"]])
+def test_usage_error_exits_with_pytests_usage_status(bad: list[str]) -> None:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "conformance", *bad], cwd=ROOT, capture_output=True)
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR

@@ -47,7 +47,9 @@ FAULTS = [
 ]
 
 
-@pytest.mark.parametrize(("fn", "kwargs", "culprit", "status", "says", "peer_status"), FAULTS, ids=[f[0] for f in FAULTS])
+@pytest.mark.parametrize(
+    ("fn", "kwargs", "culprit", "status", "says", "peer_status"), FAULTS, ids=[f[0] for f in FAULTS]
+)
 def test_fault_is_reported_and_the_next_cell_passes(
     world: World, fn: str, kwargs: dict, culprit: int, status: str, says: str, peer_status: str | None
 ) -> None:
