@@ -118,7 +118,6 @@ class World:
         self.base_dir = base_dir
         self.start_timeout = start_timeout
         self.failure_grace = failure_grace
-        self.starts = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._store = None
         self._dir: Path | None = None
@@ -136,7 +135,6 @@ class World:
 
         self.close()
         began = time.monotonic()
-        self.starts += 1
         if self.base_dir is not None:
             self.base_dir.mkdir(parents=True, exist_ok=True)
         self._dir = Path(tempfile.mkdtemp(prefix="world-", dir=self.base_dir))

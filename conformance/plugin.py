@@ -101,10 +101,6 @@ class Runner:
         # what a rank is asked to do for a cell; the kit's own tests swap in planted bugs
         self.cell_task: Callable[[Cell], protocol.Task] = lambda cell: protocol.Task(RUN_CELL, {"axes": cell.axes()})
 
-    @property
-    def worlds_started(self) -> int:
-        return sum(w.starts for w in self.worlds.values())
-
     def world(self, size: int) -> World:
         if size not in self.worlds:
             spec = LaunchSpec(

@@ -66,7 +66,8 @@ class Reporter:
             "environment": environment.describe(self.runner.backend, self.runner.nproc),
             "exit_status": int(exitstatus),
             "wall_s": time.time() - self.started,
-            "worlds_started": self.runner.worlds_started,
+            # every world start is charged to the one cell that needed it (xdist workers too)
+            "worlds_started": len({r["cell"] for r in records if r.get("metrics", {}).get("world_start_s", 0) > 0}),
             "isolate": self.runner.isolate,
             "counts": counts,
             "cells": records,

@@ -72,6 +72,18 @@ def test_isolate_starts_a_world_per_cell(tmp_path) -> None:
     assert run.report["worlds_started"] == len(cells) == 2
 
 
+def test_each_xdist_worker_owns_a_world(tmp_path) -> None:
+    run = run_suite(tmp_path, "-n", "2", "--dist", "loadgroup", "-k", "tied_lm-real and not untied")
+    assert run.returncode == 0, run.output
+    assert len(run.report["cells"]) == 4
+    assert run.report["worlds_started"] >= 1
+    # loadgroup keeps both areas of a cell on one worker, so both read one run of it
+    runs = collections.defaultdict(set)
+    for item in run.report["cells"]:
+        runs[item["cell"]].add(item["metrics"]["cell_run_s"])
+    assert all(len(r) == 1 for r in runs.values()), runs
+
+
 @pytest.mark.parametrize("bad", [["--backend", "bogus"], ["--nproc", "0"]])
 def test_usage_error_exits_with_pytests_usage_status(bad: list[str]) -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest", "conformance", *bad], cwd=ROOT, capture_output=True)
