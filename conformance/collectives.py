@@ -1,10 +1,12 @@
 """Collectives: what Thunder put into its final forward and backward execution traces,
 counted through bound symbols, against what the model's structure implies.
 
-Expectations come from the eager reference model: one all-gather per distinct parameter
-storage in the forward (a tied weight is one storage, however many names it has), one
-reduce-scatter per distinct trainable storage in the backward, a re-gather of every storage
-in the backward only under ZERO3, and no all-reduce anywhere.
+Expectations come from the eager reference model: one all-gather per bucket in the forward,
+one reduce-scatter per bucket of trainable storages in the backward, a re-gather of every
+bucket in the backward only under ZERO3, and no all-reduce anywhere. Without bucketing a
+bucket is one distinct parameter storage (a tied weight is one storage, however many names
+it has); LAYER puts the storages of one module together, BLOCK those under one numbered
+child of a module list (a transformer block), each other storage alone.
 """
 
 from __future__ import annotations
@@ -51,16 +53,33 @@ def collective_symbols(trace: Any) -> dict[str, list[Any]]:
     return found
 
 
-def distinct_storages(module: torch.nn.Module, trainable_only: bool = False) -> list[torch.Tensor]:
-    """One parameter per distinct storage, in registration order."""
-    seen: dict[Any, torch.Tensor] = {}
-    for p in module.parameters():  # already one entry per tied group
+def distinct_storages(module: torch.nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+    """One (first) name and parameter per distinct storage, in registration order."""
+    seen: dict[Any, tuple[str, torch.Tensor]] = {}
+    for name, p in module.named_parameters():  # already one entry per tied group
         if trainable_only and not p.requires_grad:
             continue
         storage = p.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes()) if storage.nbytes() else id(p)
-        seen.setdefault(key, p)
-    return list(seen.values())
+        seen.setdefault(key, (name, p))
+    return dict(seen.values())
+
+
+def bucket_of(name: str, bucketing: str) -> str:
+    path = name.split(".")
+    if bucketing == "layer":
+        return ".".join(path[:-1])
+    if bucketing == "block":
+        numbered = [i for i, part in enumerate(path) if part.isdigit()]
+        return ".".join(path[: numbered[0] + 1]) if numbered else name
+    return name
+
+
+def buckets(module: torch.nn.Module, bucketing: str, trainable_only: bool = False) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for name in distinct_storages(module, trainable_only):
+        out.setdefault(bucket_of(name, bucketing), []).append(name)
+    return out
 
 
 def padded_bytes(p: torch.Tensor, world_size: int) -> int:
@@ -70,10 +89,8 @@ def padded_bytes(p: torch.Tensor, world_size: int) -> int:
 
 
 def expected_counts(module: torch.nn.Module, sharding: str, bucketing: str) -> dict[str, dict[str, int]]:
-    if bucketing != "none":
-        raise NotImplementedError(f"collective expectations for bucketing={bucketing!r}")
-    storages = len(distinct_storages(module))
-    trainable = len(distinct_storages(module, trainable_only=True))
+    storages = len(buckets(module, bucketing))
+    trainable = len(buckets(module, bucketing, trainable_only=True))
     return {
         "forward": {"all_gather": storages, "reduce_scatter": 0, "all_reduce": 0},
         "backward": {
@@ -114,6 +131,6 @@ def check(run: CellRun) -> Findings:
     found.equal(
         "forward all-gathered bytes",
         sum(_output_bytes(b) for b in forward_gathers),
-        sum(padded_bytes(p, run.cell.world_size) for p in distinct_storages(run.reference)),
+        sum(padded_bytes(p, run.cell.world_size) for p in distinct_storages(run.reference).values()),
     )
     return found

@@ -16,7 +16,7 @@ THUNDER_DIST = "lightning-thunder"
 THUNDER_SPEC_ENV = "THUNDER_SPEC"
 
 
-def _version(dist: str) -> str | None:
+def version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -45,10 +45,10 @@ def describe(backend: str, nproc: int) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "executable": sys.executable,
-        "torch": _version("torch"),
-        "thunder": _version(THUNDER_DIST),
+        "torch": version("torch"),
+        "thunder": version(THUNDER_DIST),
         "thunder_source": thunder_source(),
-        "litgpt": _version("litgpt"),
+        "litgpt": version("litgpt"),
         "backend": backend,
         "world_size": nproc,
     }

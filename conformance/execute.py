@@ -1,12 +1,13 @@
-"""The rank side of a cell: build it once, drive a few training steps, then let every check
-area read what was recorded.
+"""The rank side of a cell: build it once, drive a few training steps beside eager PyTorch,
+then let every check area read what was recorded.
 
 Tracing dominates a cell's cost, so a cell is built and run exactly once per rank and the
-check areas (numerics, collectives, ...) only inspect the recorded run.
+check areas (materialization, numerics, collectives, state_dict) only inspect the record.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import time
@@ -17,21 +18,35 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conformance import collectives, numerics
-from conformance.cells import Cell
+from conformance import collectives, materialization, numerics, state_dict
+from conformance.cells import Cell, expects_reset_error, plan
 from conformance.compose import COMPOSITIONS
+from conformance.findings import Findings
 from fixtures import inits
 from fixtures.models import MODELS
 
 SEED = 1234
-STEPS = 3
-LR = 0.05
+STEPS = 3  # per optimizer: SGD, then AdamW
+# Small steps: trajectories that jump far amplify rounding differences chaotically and would
+# turn any tolerance into a guess.
+OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
+    "SGD": lambda params: torch.optim.SGD(params, lr=0.1),
+    # eps above the rounding noise of parameters whose true gradient is zero (an attention
+    # key bias): Adam would normalize that noise into full-size steps
+    "AdamW": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1, eps=1e-6),
+}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-CHECKS: dict[str, Callable[[CellRun], Any]] = {
+CHECKS: dict[str, Callable[[CellRun], Findings]] = {
+    "materialization": materialization.check,
     "numerics": numerics.check,
     "collectives": collectives.check,
+    "state_dict": state_dict.check,
 }
+
+
+class Unsupported(Exception):
+    """The Thunder under test does not offer what the cell asks for (a probe said so)."""
 
 
 @dataclasses.dataclass
@@ -40,6 +55,8 @@ class StepRecord:
     reference_output: torch.Tensor  # eager output on the same input
     grads: dict[str, torch.Tensor]  # full (unsharded) gradients gathered from every rank's shard
     reference_grads: dict[str, torch.Tensor]
+    golden_output: torch.Tensor | None = None  # float32 twin of the reference (low-precision cells)
+    golden_grads: dict[str, torch.Tensor] | None = None
 
 
 @dataclasses.dataclass
@@ -50,16 +67,23 @@ class CellRun:
     dtype: torch.dtype
     reference: nn.Module  # eager single-process model, stepped alongside
     thunder_module: Any
+    placement: dict[str, str]  # device of every parameter and buffer right after setup
     initial: dict[str, torch.Tensor]  # full parameters right after setup, gathered from shards
     reference_initial: dict[str, torch.Tensor]
-    steps: list[StepRecord]
-    final: dict[str, torch.Tensor]
-    reference_final: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]  # the Thunder module's buffers right after setup
+    reference_buffers: dict[str, torch.Tensor]
+    first_step: StepRecord
+    after: dict[str, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]  # optimizer -> (full, reference)
+    golden_after: dict[str, dict[str, torch.Tensor]]  # optimizer -> float32 twin's parameters
+    original_state_dict: dict[str, torch.Tensor]  # tm.original_state_dict() after training
+    reference_state_dict: dict[str, torch.Tensor]
+    reloaded: dict[str, torch.Tensor]  # full parameters after load_original_state_dict(loaded)
+    loaded: dict[str, torch.Tensor]
     timings: dict[str, float]
 
     @property
-    def on_meta(self) -> bool:
-        return inits.INITS[self.cell.init].on_meta
+    def init(self) -> inits.InitMode:
+        return inits.INITS[self.cell.init]
 
 
 def rank_device() -> torch.device:
@@ -75,16 +99,24 @@ def _generator(*key: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed % (2**63))
 
 
-def unshard(shard: torch.Tensor, full_shape: torch.Size) -> torch.Tensor:
+def shard(full: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """This rank's dim-0 chunk of ``full``, padded the way Thunder's FSDP pads."""
+    chunk = -(-full.shape[0] // world)
+    padded = torch.zeros((chunk * world, *full.shape[1:]), dtype=full.dtype, device=full.device)
+    padded[: full.shape[0]] = full
+    return padded[rank * chunk : (rank + 1) * chunk].clone()
+
+
+def unshard(piece: torch.Tensor, full_shape: torch.Size) -> torch.Tensor:
     """Rebuild a full tensor from every rank's dim-0 shard (Thunder pads dim 0 to a multiple)."""
     world = dist.get_world_size()
     chunk = -(-full_shape[0] // world)
-    assert tuple(shard.shape) == (chunk, *full_shape[1:]), (
-        f"shard of shape {tuple(shard.shape)} does not fit a dim-0 sharding of {tuple(full_shape)} "
+    assert tuple(piece.shape) == (chunk, *full_shape[1:]), (
+        f"shard of shape {tuple(piece.shape)} does not fit a dim-0 sharding of {tuple(full_shape)} "
         f"over {world} ranks (expected {(chunk, *full_shape[1:])})"
     )
-    parts = [torch.empty_like(shard) for _ in range(world)]
-    dist.all_gather(parts, shard.detach().contiguous())
+    parts = [torch.empty_like(piece) for _ in range(world)]
+    dist.all_gather(parts, piece.detach().contiguous())
     return torch.cat(parts)[: full_shape[0]].cpu()
 
 
@@ -107,64 +139,123 @@ def _snapshot(module: nn.Module, grads: bool = False) -> dict[str, torch.Tensor]
     }
 
 
+def _clone(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in sd.items()}
+
+
+def _materialization(how: str, reference: nn.Module, rank: int, world: int) -> Any:
+    from thunder.transforms import MaterializationTransform
+
+    if how == "module":
+        return MaterializationTransform.init_from_original_module_init()
+    if how == "original":
+        return MaterializationTransform.init_from_original_state_dict(_clone(reference.state_dict()))
+    return MaterializationTransform.init_from_transformed_state_dict(transformed_state_dict(reference, rank, world))
+
+
+def transformed_state_dict(reference: nn.Module, rank: int, world: int) -> dict[str, torch.Tensor]:
+    """The reference's state dict as FSDP holds it on ``rank``: parameters sharded, buffers whole."""
+    names = {n for n, _ in reference.named_parameters(remove_duplicate=False)}
+    tied_duplicates = names - {n for n, _ in reference.named_parameters()}
+    return {
+        k: shard(v, rank, world) if k in names else v.clone()
+        for k, v in reference.state_dict().items()
+        if k not in tied_duplicates
+    }
+
+
 def drive(cell: Cell) -> CellRun:
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == cell.world_size, f"cell wants {cell.world_size} ranks, the world has {world}"
     device, dtype = rank_device(), DTYPES[cell.dtype]
-    fixture, init = MODELS[cell.model], inits.INITS[cell.init]
+    fixture, init, composition = MODELS[cell.model], inits.INITS[cell.init], COMPOSITIONS[cell.composition]
+    if composition.probe is not None and (reason := composition.probe(device)):
+        raise Unsupported(reason)
     make = functools.partial(fixture.build, cell.tie == "tied")
+    source = world - 1 if init.broadcast else 0  # whose weights every rank ends up with
 
-    torch.manual_seed(SEED)
+    torch.manual_seed(SEED + source)
     with torch.device(device):
         reference = make().to(dtype)
     shapes = {n: p.shape for n, p in reference.named_parameters()}  # one name per tied group
+    reference_initial = _snapshot(reference)
 
     timings: dict[str, float] = {}
     began = time.perf_counter()
-    torch.manual_seed(SEED)
+    torch.manual_seed(SEED + (rank if init.broadcast else 0))
     subject = inits.build(init, make, device, dtype)
-    options = {
+    materialize, load = plan(cell)
+    options: dict[str, Any] = {
         "sharding_strategy": _enum("FSDPType", cell.sharding),
         "bucketing_strategy": _enum("FSDPBucketingStrategy", cell.bucketing),
     }
-    tm = COMPOSITIONS[cell.composition](subject, device, init.materialization(), options)
+    if init.broadcast:
+        options["broadcast_from"] = source
+    tm = composition.build(subject, device, _materialization(materialize, reference, rank, world), options)
+    if load == "original":
+        tm.load_original_state_dict(_clone(reference.state_dict()))
+    elif load == "transformed":
+        tm.load_state_dict(transformed_state_dict(reference, rank, world))
     timings["setup_s"] = time.perf_counter() - began
 
-    reference_initial = _snapshot(reference)
+    placement = {n: str(t.device) for n, t in (*tm.named_parameters(), *tm.named_buffers())}
+    buffers = {n: b.detach().cpu().clone() for n, b in tm.named_buffers()}
     initial = _gather(tm, shapes)
-    if init.on_meta:
-        # Thunder chose these weights; the reference adopts them so the steps can be compared.
+    if not init.values_from_reference:
+        # Thunder drew these weights; the reference adopts them so the steps can be compared.
         with torch.no_grad():
             for n, p in reference.named_parameters():
                 p.copy_(initial[n])
 
-    opt, ref_opt = torch.optim.SGD(tm.parameters(), lr=LR), torch.optim.SGD(reference.parameters(), lr=LR)
-    steps = []
-    for step in range(STEPS):
-        began = time.perf_counter()
-        inputs = [fixture.make_input(_generator(step, r), dtype).to(device) for r in range(world)]
-        out = tm(inputs[rank])
-        ref_outs = [reference(x) for x in inputs]
-        cotangents = [
-            torch.randn(o.shape, generator=_generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
-        ]
-        (out * cotangents[rank]).sum().backward()
-        # FSDP averages gradients over ranks: the reference loss is the mean of the ranks' losses.
-        (sum((o * c).sum() for o, c in zip(ref_outs, cotangents, strict=True)) / world).backward()
-        steps.append(
-            StepRecord(
-                output=out.detach().cpu(),
-                reference_output=ref_outs[rank].detach().cpu(),
-                grads=_gather(tm, shapes, grads=True),
-                reference_grads=_snapshot(reference, grads=True),
-            )
-        )
-        opt.step()
-        ref_opt.step()
-        opt.zero_grad(set_to_none=True)
-        ref_opt.zero_grad(set_to_none=True)
-        timings[f"step{step}_s"] = time.perf_counter() - began
+    # Below float32, eager's own rounding sets the tolerance: a float32 twin trains in lockstep
+    # and Thunder may stray from it at most a stated factor further than eager does.
+    golden = copy.deepcopy(reference).float() if dtype != torch.float32 else None
+    first_step: StepRecord | None = None
+    after, golden_after = {}, {}
+    step = 0
+    for opt_name, make_opt in OPTIMIZERS.items():
+        opt, ref_opt = make_opt(tm.parameters()), make_opt(reference.parameters())
+        golden_opt = make_opt(golden.parameters()) if golden is not None else None
+        for _ in range(STEPS):
+            began = time.perf_counter()
+            inputs = [fixture.make_input(_generator(step, r), dtype).to(device) for r in range(world)]
+            out = tm(inputs[rank])
+            ref_outs = [reference(x) for x in inputs]
+            cotangents = [
+                torch.randn(o.shape, generator=_generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
+            ]
+            (out * cotangents[rank]).mean().backward()
+            # FSDP averages gradients over ranks: the reference loss is the mean of the ranks' losses.
+            _mean_loss(ref_outs, cotangents).backward()
+            golden_outs = None
+            if golden is not None:
+                golden_outs = [golden(x if not x.is_floating_point() else x.float()) for x in inputs]
+                _mean_loss(golden_outs, [c.float() for c in cotangents]).backward()
+            if first_step is None:
+                first_step = StepRecord(
+                    output=out.detach().cpu(),
+                    reference_output=ref_outs[rank].detach().cpu(),
+                    grads=_gather(tm, shapes, grads=True),
+                    reference_grads=_snapshot(reference, grads=True),
+                    golden_output=None if golden_outs is None else golden_outs[rank].detach().cpu(),
+                    golden_grads=None if golden is None else _snapshot(golden, grads=True),
+                )
+            for o in (opt, ref_opt, golden_opt):
+                if o is not None:
+                    o.step()
+                    o.zero_grad(set_to_none=True)
+            timings[f"step{step}_s"] = time.perf_counter() - began
+            step += 1
+        after[opt_name] = (_gather(tm, shapes), _snapshot(reference))
+        if golden is not None:
+            golden_after[opt_name] = _snapshot(golden)
 
+    # State-dict round trip, last: it rewrites the module's weights.
+    original_sd = {k: v.detach().cpu().clone() for k, v in tm.original_state_dict().items()}
+    loaded = {n: t.to(device) for n, t in reference_initial.items()}
+    tm.load_original_state_dict({**_clone(reference.state_dict()), **loaded})
+
+    assert first_step is not None
     return CellRun(
         cell=cell,
         rank=rank,
@@ -172,13 +263,24 @@ def drive(cell: Cell) -> CellRun:
         dtype=dtype,
         reference=reference,
         thunder_module=tm,
+        placement=placement,
         initial=initial,
         reference_initial=reference_initial,
-        steps=steps,
-        final=_gather(tm, shapes),
-        reference_final=_snapshot(reference),
+        buffers=buffers,
+        reference_buffers={n: b.detach().cpu().clone() for n, b in reference.named_buffers()},
+        first_step=first_step,
+        after=after,
+        golden_after=golden_after,
+        original_state_dict=original_sd,
+        reference_state_dict={k: v.detach().cpu().clone() for k, v in reference.state_dict().items()},
+        reloaded=_gather(tm, shapes),
+        loaded={n: t.cpu() for n, t in loaded.items()},
         timings=timings,
     )
+
+
+def _mean_loss(outputs: list[torch.Tensor], cotangents: list[torch.Tensor]) -> torch.Tensor:
+    return sum((o * c).mean() for o, c in zip(outputs, cotangents, strict=True)) / len(outputs)
 
 
 def _enum(name: str, value: str) -> Any:
@@ -188,8 +290,20 @@ def _enum(name: str, value: str) -> Any:
 
 
 def run_cell(axes: dict[str, Any]) -> dict[str, Any]:
-    """Entry point the controller names in a Task: every check area's findings on this rank."""
-    run = drive(Cell(**axes))
+    """Entry point the controller names in a Task: every check area's findings on this rank,
+    or why the cell could not be built."""
+    cell = Cell(**axes)
+    try:
+        run = drive(cell)
+    except Unsupported as exc:
+        return {"unsupported": str(exc)}
+    except TypeError as exc:
+        if not expects_reset_error(cell):
+            raise
+        return {"checks": {"materialization": materialization.reset_error(cell, exc).as_dict()}, "timings": {}}
+    if expects_reset_error(cell):
+        found = materialization.reset_error(cell, None)
+        return {"checks": {"materialization": found.as_dict()}, "timings": run.timings}
     return {
         "checks": {area: check(run).as_dict() for area, check in CHECKS.items()},
         "timings": run.timings,

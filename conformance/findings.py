@@ -29,15 +29,21 @@ class Findings:
             assert actual == expected, f"expected {expected}, got {actual}"
 
     def close(
-        self, what: str, actual: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], **tol: float
+        self,
+        what: str,
+        actual: Mapping[str, torch.Tensor],
+        expected: Mapping[str, torch.Tensor],
+        per_name: Mapping[str, Mapping[str, float]] | None = None,
+        **tol: float,
     ) -> None:
-        """assert_close per name; the worst absolute error over all names becomes a metric."""
+        """assert_close per name (with ``per_name`` tolerances where given); the worst absolute
+        error over all names becomes a metric."""
         worst = 0.0
         for name, exp in expected.items():
             act = actual.get(name)
             with self.expect(f"{what} [{name}]"):
                 assert act is not None, "missing"
-                torch.testing.assert_close(act, exp, **tol)
+                torch.testing.assert_close(act, exp, **{**tol, **(per_name or {}).get(name, {})})
             if act is not None and act.shape == exp.shape:
                 err = (act.double() - exp.double()).abs().max().item() if exp.numel() else 0.0
                 worst = max(worst, err if err == err else float("inf"))  # NaN counts as the worst

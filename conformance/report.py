@@ -14,17 +14,28 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from conformance import environment
-from conformance.cells import AXES
+from conformance.cells import AXES, coverage
+from conformance.plugin import is_unsupported
 
 if TYPE_CHECKING:
     from conformance.plugin import Runner
 
-MARKS = {"passed": "✅", "failed": "❌", "skipped": "⏭️", "error": "💥", "xfailed": "⚠️ xfail", "xpassed": "❗ xpass"}
+MARKS = {
+    "passed": "✅",
+    "failed": "❌",
+    "skipped": "⏭️",
+    "error": "💥",
+    "xfailed": "⚠️ xfail",
+    "xpassed": "❗ xpass",
+    "unsupported": "🚫",
+}
 
 
 def _outcome(report: pytest.TestReport) -> str:
     if hasattr(report, "wasxfail"):
         return "xfailed" if report.skipped else "xpassed"
+    if is_unsupported(report):
+        return "unsupported"
     if report.when != "call" and report.failed:
         return "error"
     return report.outcome
@@ -50,8 +61,10 @@ class Reporter:
         # the call decides, unless an earlier phase already failed or skipped
         if rec["outcome"] == "passed" and (report.when == "call" or report.failed or report.skipped):
             rec["outcome"] = _outcome(report)
-            if report.failed:
+            if report.failed or rec["outcome"] in ("xfailed", "unsupported"):
                 rec["message"] = report.longreprtext
+            if hasattr(report, "wasxfail"):
+                rec["xfail_reason"] = report.wasxfail
         if report.when == "teardown":
             with self.jsonl.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
@@ -67,6 +80,9 @@ class Reporter:
             "exit_status": int(exitstatus),
             "wall_s": time.time() - self.started,
             # every world start is charged to the one cell that needed it (xdist workers too)
+            "profile": self.runner.profile,
+            "coverage": coverage(self.runner.cells),
+            "xfails_file": str(self.runner.xfails_file),
             "worlds_started": len({r["cell"] for r in records if r.get("metrics", {}).get("world_start_s", 0) > 0}),
             "isolate": self.runner.isolate,
             "counts": counts,
@@ -107,10 +123,29 @@ def summary(report: dict[str, Any], repro: Any) -> str:
             marks = [MARKS.get(row.get(a, ""), "") for a in areas]
             lines.append("| " + " | ".join([*(str(row["axes"][a]) for a in varying), *marks]) + " |")
         lines.append("")
+    lines += [f"Profile **{report['profile']}**; cells per axis value:", ""]
+    lines += [
+        f"- {axis}: " + ", ".join(f"{value} {n}" for value, n in values.items())
+        for axis, values in report["coverage"].items()
+    ]
+    lines.append("")
     failed = [c for c in report["cells"] if c["outcome"] in ("failed", "error")]
     if failed:
         lines += ["## Failures", ""]
         for c in failed:
             first = (c.get("message") or "").strip().splitlines()[:12]
             lines += [f"### `{c['id']}`", "", "```", *first, "```", "", f"Repro: `{repro(c['id'])}`", ""]
+    xfailed = [c for c in report["cells"] if c["outcome"] == "xfailed"]
+    if xfailed:
+        lines += ["## Known non-conformances (xfails file)", ""]
+        reasons: dict[str, int] = {}
+        for c in xfailed:
+            reasons[c.get("xfail_reason", "")] = reasons.get(c.get("xfail_reason", ""), 0) + 1
+        lines += [f"- {n} items: {reason}" for reason, n in reasons.items()]
+        lines.append("")
+    xpassed = [c for c in report["cells"] if c["outcome"] == "xpassed"]
+    if xpassed:
+        lines += ["## Unexpected passes (an xfails entry no longer needed?)", ""]
+        lines += [f"- `{c['id']}`" for c in xpassed]
+        lines.append("")
     return "\n".join(lines)

@@ -3,6 +3,8 @@ traces match what the model's storages imply (see conformance/collectives.py).""
 
 from conformance.cells import Cell
 
+AREA = "collectives"
+
 
 def test_collectives(conformance, cell: Cell) -> None:
-    conformance.expect(cell, "collectives")
+    conformance.expect(cell, AREA)

@@ -3,6 +3,8 @@ PyTorch within the dtype's tolerance (see conformance/numerics.py for what is co
 
 from conformance.cells import Cell
 
+AREA = "numerics"
+
 
 def test_numerics(conformance, cell: Cell) -> None:
-    conformance.expect(cell, "numerics")
+    conformance.expect(cell, AREA)
