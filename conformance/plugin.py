@@ -23,6 +23,12 @@ from conformance.expectations import KnownNonConformance
 from conformance.launch import ROOT, LaunchSpec, device_slice, resolve_backend, visible_cuda_devices
 
 RUN_CELL = "conformance.execute:run_cell"
+DEFAULT_XFAILS = ROOT / "xfails.toml"
+
+
+def plain_nodeid(nodeid: str) -> str:
+    """The id a user can paste: xdist's loadgroup appends ``@<group>``."""
+    return nodeid.partition("@")[0]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -50,7 +56,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--xfails",
         type=Path,
-        default=ROOT / "xfails.toml",
+        default=DEFAULT_XFAILS,
         help="known non-conformances of the Thunder under test (default: the kit's file for its pin)",
     )
 
@@ -84,25 +90,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "cell" in metafunc.fixturenames:
-        area = metafunc.module.AREA
-        selected = [c for c in metafunc.config.stash[RUNNER].cells if applies(c, area)]
-        metafunc.parametrize("cell", selected, ids=[c.id for c in selected])
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    runner = config.stash[RUNNER]
-    for item in items:
-        cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")
-        if isinstance(cell, Cell):
-            # Every area of a cell reads one run: under `--dist loadgroup` they share a worker.
-            item.add_marker(pytest.mark.xdist_group(cell.id))
-            item.add_marker(pytest.mark.cell(cell.id))
-            known = [e for e in runner.expectations if e.covers(cell, item.module.AREA, runner.thunder_version)]
-            if known:
-                item.stash[KNOWN] = known
-                reason = " | ".join(f"{e.reason} ({e.link})" for e in known)
-                item.add_marker(pytest.mark.xfail(reason=reason, raises=KnownNonConformance, strict=False))
+    if "cell" not in metafunc.fixturenames:
+        return
+    runner = metafunc.config.stash[RUNNER]
+    area = metafunc.module.AREA
+    params = []
+    for cell in runner.cells:
+        if not applies(cell, area):
+            continue
+        # Every area of a cell reads one run: under `--dist loadgroup` they share a worker.
+        marks = [pytest.mark.xdist_group(cell.id), pytest.mark.cell(cell.id)]
+        known = [e for e in runner.expectations if e.covers(cell, area, runner.thunder_version)]
+        if known:
+            reason = " | ".join(f"{e.reason} ({e.link})" for e in known)
+            marks.append(pytest.mark.xfail(reason=reason, raises=KnownNonConformance, strict=False))
+        params.append(pytest.param(cell, marks=marks, id=cell.id))
+    metafunc.parametrize("cell", params)
 
 
 def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, str] | None:
@@ -157,7 +160,10 @@ class Runner:
         return self.outcomes[cell.id]
 
     def repro(self, nodeid: str) -> str:
-        return shlex.join(["python", "-m", "pytest", nodeid, "--nproc", str(self.nproc), "--backend", self.backend])
+        args = ["python", "-m", "pytest", plain_nodeid(nodeid), "--nproc", str(self.nproc), "--backend", self.backend]
+        if self.xfails_file != DEFAULT_XFAILS:
+            args += ["--xfails", str(self.xfails_file)]
+        return shlex.join(args)
 
     def close(self) -> None:
         for world in self.worlds.values():
@@ -165,7 +171,6 @@ class Runner:
 
 
 RUNNER = pytest.StashKey[Runner]()
-KNOWN = pytest.StashKey[list[expectations.Expectation]]()
 UNSUPPORTED = "unsupported: "
 
 
@@ -190,7 +195,8 @@ class Conformance:
         )
         if not failures:
             return
-        known = self.node.stash.get(KNOWN, [])
+        runner = self.runner
+        known = [e for e in runner.expectations if e.covers(cell, area, runner.thunder_version)]
         unexplained = [msg for msg in failures if not any(e.explains(msg) for e in known)]
         lines = [f"{cell.id} does not conform ({area}):"]
         lines += [

@@ -15,7 +15,7 @@ import pytest
 
 from conformance import environment
 from conformance.cells import AXES, coverage
-from conformance.plugin import is_unsupported
+from conformance.plugin import is_unsupported, plain_nodeid
 
 if TYPE_CHECKING:
     from conformance.plugin import Runner
@@ -54,7 +54,8 @@ class Reporter:
     # A test's record is complete once its last phase (teardown) is reported.
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        rec = self.records.setdefault(report.nodeid, {"id": report.nodeid, "outcome": "passed", "duration": 0.0})
+        nodeid = plain_nodeid(report.nodeid)
+        rec = self.records.setdefault(nodeid, {"id": nodeid, "outcome": "passed", "duration": 0.0})
         rec["duration"] += report.duration
         for key, value in report.user_properties:
             rec[key] = json.loads(value)

@@ -80,8 +80,53 @@ def stale_forward_gather() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def one_module_not_materialized() -> Iterator[None]:
+    """Materialization forgets the first module it should load: its tensors stay uninitialized."""
+    from thunder.core.module import ThunderModule
+
+    original = ThunderModule._transform_and_load_for_submodule
+    skipped: list[str] = []
+
+    def load(self: Any, submodule_name: str, state_dict: dict, *args: Any, **kwargs: Any) -> Any:
+        if not skipped and any(k.endswith("weight") for k in state_dict):
+            skipped.append(submodule_name)
+            return None
+        return original(self, submodule_name, state_dict, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ThunderModule, "_transform_and_load_for_submodule", load)
+        yield
+
+
+@contextlib.contextmanager
+def stale_original_state_dict() -> Iterator[None]:
+    """original_state_dict() unshards by repeating this rank's shard instead of gathering."""
+    from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
+
+    def reverse(self: Any, model: Any, submodule_name: str, state_dict: dict) -> dict:
+        prefix = f"{submodule_name}." if submodule_name else ""
+        for name, tensor in state_dict.items():
+            if prefix + name in self.sharded_params:
+                old_shape, *_ = self.sharded_params[prefix + name]
+                state_dict[name] = tensor.repeat(self.world_size, *([1] * (tensor.dim() - 1)))[: old_shape[0]]
+        return state_dict
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FSDPTransform, "reverse_transform_state_dict_for_submodule", reverse)
+        yield
+
+
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
-    f.__name__: f for f in (duplicate_tied_all_gather, gradients_not_averaged, wrong_shard, stale_forward_gather)
+    f.__name__: f
+    for f in (
+        duplicate_tied_all_gather,
+        gradients_not_averaged,
+        wrong_shard,
+        stale_forward_gather,
+        one_module_not_materialized,
+        stale_original_state_dict,
+    )
 }
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conformance.cells import AXES, matrix
+from conformance.cells import AREAS, AXES, applies, axis_values, cells
 from tests.suite import ROOT, SuiteRun, run_suite
 
 
@@ -18,22 +18,48 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
     return run_suite(tmp_path_factory.mktemp("e2e"))
 
 
-def test_every_cell_conforms_on_the_pinned_thunder(suite: SuiteRun) -> None:
+def test_every_cell_conforms_or_is_a_recorded_exception(suite: SuiteRun) -> None:
     assert suite.returncode == 0, suite.output
-    cells = {c.id for c in matrix(2)}
-    for area in ("numerics", "collectives"):
-        assert suite.outcomes(area) == dict.fromkeys(cells, "passed")
+    selected = cells("ci", 2)
+    for area in AREAS:
+        outcomes = suite.outcomes(area)
+        assert set(outcomes) == {c.id for c in selected if applies(c, area)}
+        for cell in selected:
+            if not applies(cell, area):
+                continue
+            if cell.composition == "legacy_jit_fsdp":  # removed from Thunder 0.2.1 on
+                assert outcomes[cell.id] == "unsupported"
+            else:
+                assert outcomes[cell.id] in ("passed", "xfailed"), (cell.id, area)
+    for item in suite.report["cells"]:
+        if item["outcome"] == "xfailed":
+            assert item["xfail_reason"] and "[expected: xfails]" in item["message"]
+
+
+def test_report_covers_every_axis_value(suite: SuiteRun) -> None:
+    assert suite.report["profile"] == "ci"
+    for axis, values in axis_values(2).items():
+        assert set(suite.report["coverage"][axis]) == set(map(str, values)), axis
+        assert all(n > 0 for n in suite.report["coverage"][axis].values())
 
 
 def test_reports_agree_with_junit(suite: SuiteRun) -> None:
-    cases = suite.junit.iter("testcase")
     junit = {}
-    for case in cases:
+    for case in suite.junit.iter("testcase"):
         nodeid = f"{case.get('classname').replace('.', '/')}.py::{case.get('name')}"
-        junit[nodeid] = "failed" if case.find("failure") is not None or case.find("error") is not None else "passed"
+        if case.find("failure") is not None or case.find("error") is not None:
+            junit[nodeid] = "failed"
+        elif case.find("skipped") is not None:
+            junit[nodeid] = "not run"  # JUnit has one word for xfail and unsupported
+        else:
+            junit[nodeid] = "passed"
     report = {c["id"]: c["outcome"] for c in suite.report["cells"]}
+    as_junit = {
+        k: {"xfailed": "not run", "unsupported": "not run", "xpassed": "passed"}.get(v, v) for k, v in report.items()
+    }
     streamed = {c["id"]: c["outcome"] for c in suite.jsonl}
-    assert report == junit == streamed
+    assert as_junit == junit
+    assert report == streamed
     assert suite.report["counts"] == dict(collections.Counter(report.values()))
 
 
@@ -52,30 +78,32 @@ def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
         assert set(cell["axes"]) == set(AXES)
         assert [r["rank"] for r in cell["ranks"]] == [0, 1]
         metrics = cell["metrics"]
-        if cell["area"] == "numerics":
+        if cell["outcome"] != "passed":
+            continue
+        if cell["area"] == "numerics" and cell["axes"]["dtype"] == "float32":
             assert metrics["gradients max_abs_err"] < 1e-4
-        else:
+        if cell["area"] == "collectives":
             fwd = metrics["forward all_gathers"]
             assert fwd["expected"] == fwd["actual"] > 0
 
 
 def test_summary_shows_every_cell(suite: SuiteRun) -> None:
-    rows = [line for line in suite.summary.splitlines() if line.startswith("| ") and "✅" in line]
-    assert len(rows) == len(list(matrix(2)))
-    assert "24 passed" in suite.summary
+    rows = [line for line in suite.summary.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 1 + len(cells("ci", 2))  # header + one row per cell
+    assert f"{suite.report['counts']['passed']} passed" in suite.summary
+    assert "## Known non-conformances" in suite.summary
 
 
 def test_isolate_starts_a_world_per_cell(tmp_path) -> None:
-    run = run_suite(tmp_path, "--isolate", "-k", "mlp and real")
+    run = run_suite(tmp_path, "--isolate", "--profile", "smoke")
     assert run.returncode == 0, run.output
-    cells = {c["cell"] for c in run.report["cells"]}
-    assert run.report["worlds_started"] == len(cells) == 2
+    assert run.report["worlds_started"] == len(cells("smoke", 2))
 
 
 def test_each_xdist_worker_owns_a_world(tmp_path) -> None:
-    run = run_suite(tmp_path, "-n", "2", "--dist", "loadgroup", "-k", "tied_lm-real and not untied")
+    run = run_suite(tmp_path, "-n", "2", "--dist", "loadgroup", "--profile", "smoke")
     assert run.returncode == 0, run.output
-    assert len(run.report["cells"]) == 4
+    assert len(run.report["cells"]) == sum(applies(c, a) for c in cells("smoke", 2) for a in AREAS)
     assert run.report["worlds_started"] >= 1
     # loadgroup keeps both areas of a cell on one worker, so both read one run of it
     runs = collections.defaultdict(set)
