@@ -8,13 +8,14 @@ compositions without importing Thunder (they import it only when a rank builds a
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 from collections.abc import Iterator
 from typing import Any
 
 from conformance.compose import COMPOSITIONS
 from fixtures.inits import INITS
-from fixtures.models import MODELS
+from fixtures.models import MODELS, fixture_for
 
 # Axis order is the order of the id's parts.
 AXES = ("model", "init", "composition", "tie", "offload", "sharding", "bucketing", "dtype", "world_size")
@@ -33,15 +34,22 @@ class Cell:
     bucketing: str = "none"
     dtype: str = "float32"
     world_size: int = 2
+    spec: str | None = None  # JSON structure of a generated model (fixtures/strategies.py)
 
     @property
     def id(self) -> str:
         parts = [str(getattr(self, axis)) for axis in AXES]
         parts[-1] = f"ws{self.world_size}"
+        if self.spec is not None:
+            parts.append(hashlib.sha1(self.spec.encode()).hexdigest()[:8])
         return "-".join(parts)
 
     def axes(self) -> dict[str, str | int]:
-        return dataclasses.asdict(self)
+        """The cell as JSON-able keyword arguments (a generated model's spec included)."""
+        out = dataclasses.asdict(self)
+        if self.spec is None:
+            del out["spec"]
+        return out
 
     def __str__(self) -> str:
         return self.id
@@ -63,7 +71,8 @@ def plan(cell: Cell) -> tuple[str, str | None]:
 def expects_reset_error(cell: Cell) -> bool:
     """A model lacking reset_parameters, materialized through module init: Thunder must
     refuse with a TypeError naming the module (a negative cell)."""
-    return bool(MODELS[cell.model].lacks_reset) and INITS[cell.init].on_meta and plan(cell)[0] == "module"
+    lacks_reset = fixture_for(cell.model, cell.spec).lacks_reset
+    return bool(lacks_reset) and INITS[cell.init].on_meta and plan(cell)[0] == "module"
 
 
 def applies(cell: Cell, area: str) -> bool:

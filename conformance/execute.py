@@ -23,7 +23,7 @@ from conformance.cells import Cell, expects_reset_error, plan
 from conformance.compose import COMPOSITIONS
 from conformance.findings import Findings
 from fixtures import inits
-from fixtures.models import MODELS
+from fixtures.models import fixture_for
 
 SEED = 1234
 STEPS = 3  # per optimizer: SGD, then AdamW
@@ -168,7 +168,11 @@ def drive(cell: Cell) -> CellRun:
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == cell.world_size, f"cell wants {cell.world_size} ranks, the world has {world}"
     device, dtype = rank_device(), DTYPES[cell.dtype]
-    fixture, init, composition = MODELS[cell.model], inits.INITS[cell.init], COMPOSITIONS[cell.composition]
+    fixture, init, composition = (
+        fixture_for(cell.model, cell.spec),
+        inits.INITS[cell.init],
+        COMPOSITIONS[cell.composition],
+    )
     if composition.probe is not None and (reason := composition.probe(device)):
         raise Unsupported(reason)
     make = functools.partial(fixture.build, cell.tie == "tied")

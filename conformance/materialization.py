@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from conformance.findings import Findings
-from fixtures.models import MODELS
+from fixtures.models import fixture_for
 
 if TYPE_CHECKING:
     from conformance.cells import Cell
@@ -42,7 +42,7 @@ def check(run: CellRun) -> Findings:
 
 def _like_module_init(run: CellRun, found: Findings) -> None:
     torch.manual_seed(FRESH_SEED)
-    fresh = dict(MODELS[run.cell.model].build(run.cell.tie == "tied").named_parameters())
+    fresh = dict(fixture_for(run.cell.model, run.cell.spec).build(run.cell.tie == "tied").named_parameters())
     worst = 0.0
     for name, value in run.initial.items():
         with found.expect(f"initial parameters [{name}]"):
@@ -69,7 +69,7 @@ def reset_error(cell: Cell, exc: BaseException | None) -> Findings:
     """A negative cell: module init of a model lacking reset_parameters must raise Thunder's
     TypeError naming the module."""
     found = Findings()
-    lacking = MODELS[cell.model].lacks_reset
+    lacking = fixture_for(cell.model, cell.spec).lacks_reset
     with found.expect("materialization of a module without reset_parameters"):
         assert exc is not None, f"setup succeeded although {lacking} has no reset_parameters"
         assert f"{lacking}.reset_parameters" in str(exc), f"the TypeError does not name {lacking}: {exc}"

@@ -15,12 +15,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from conformance import environment, expectations, protocol
-from conformance.cells import PROFILES, Cell, applies, cells
+from conformance.cells import AREAS, PROFILES, Cell, applies, cells
 from conformance.controller import Outcome, World
 from conformance.expectations import KnownNonConformance
 from conformance.launch import ROOT, LaunchSpec, device_slice, resolve_backend, visible_cuda_devices
+
+# Hypothesis profiles for generated cells; hypothesis's own --hypothesis-profile picks one.
+_QUIET = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("dev", max_examples=10, deadline=None, suppress_health_check=_QUIET)
+settings.register_profile("ci", max_examples=6, derandomize=True, deadline=None, suppress_health_check=_QUIET)
+settings.register_profile("nightly", max_examples=200, deadline=None, suppress_health_check=_QUIET)
+settings.load_profile("ci")
 
 RUN_CELL = "conformance.execute:run_cell"
 DEFAULT_XFAILS = ROOT / "xfails.toml"
@@ -52,6 +60,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=PROFILES,
         default="ci",
         help="which cells: smoke (one per kind of check), ci (pairwise covering array, default), full (every cell)",
+    )
+    group.addoption(
+        "--replay",
+        default=None,
+        metavar="CELL_JSON",
+        help="run one generated cell again, as printed by a failing example of test_generated.py",
     )
     group.addoption(
         "--xfails",
@@ -106,6 +120,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             marks.append(pytest.mark.xfail(reason=reason, raises=KnownNonConformance, strict=False))
         params.append(pytest.param(cell, marks=marks, id=cell.id))
     metafunc.parametrize("cell", params)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # test_replay exists to rerun one printed cell: without --replay there is nothing to run
+    if config.getoption("replay") is None:
+        replay = [i for i in items if i.name == "test_replay"]
+        if replay:
+            config.hook.pytest_deselected(items=replay)
+            items[:] = [i for i in items if i.name != "test_replay"]
 
 
 def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, str] | None:
@@ -181,10 +204,30 @@ class Conformance:
         self.runner = runner
         self.node = node
 
-    def expect(self, cell: Cell, area: str) -> None:
+    def expect_all(self, cell: Cell) -> None:
+        """Every check area that applies to ``cell`` must conform (for generated cells, which
+        are not items of their own)."""
+        for area in AREAS:
+            if applies(cell, area):
+                self.expect(cell, area, record=False)
+
+    def replay_line(self, cell: Cell) -> str:
+        return shlex.join(
+            [
+                "python",
+                "-m",
+                "pytest",
+                "conformance/test_generated.py::test_replay",
+                "--replay",
+                json.dumps(cell.axes()),
+            ]
+        )
+
+    def expect(self, cell: Cell, area: str, record: bool = True) -> None:
         outcome = self.runner.run(cell)
-        self._record(cell, area, outcome)
-        repro = f"repro: {self.runner.repro(self.node.nodeid)}"
+        if record:
+            self._record(cell, area, outcome)
+        repro = f"repro: {self.replay_line(cell) if cell.spec else self.runner.repro(self.node.nodeid)}"
         if not outcome.ok:
             pytest.fail(f"cell {cell.id} did not run to completion\n{outcome.describe()}\n{repro}", pytrace=False)
         unsupported = {v["unsupported"] for v in outcome.values if "unsupported" in v}
