@@ -28,7 +28,15 @@ class SuiteRun:
         return {c["cell"]: c["outcome"] for c in self.report["cells"] if c.get("area") == area}
 
 
-def run_suite(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600) -> SuiteRun:
+def run_suite(
+    tmp: Path,
+    *args: str,
+    paths: tuple[str, ...] = ("conformance",),
+    env: dict[str, str] | None = None,
+    plant: bool = False,
+    timeout: float = 600,
+) -> SuiteRun:
+    """Run the suite in a subprocess; ``plant`` loads tests/plant.py (with ENV naming the bug)."""
     report_dir = tmp / "report"
     junit = tmp / "junit.xml"
     proc = subprocess.run(
@@ -36,7 +44,8 @@ def run_suite(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout:
             sys.executable,
             "-m",
             "pytest",
-            "conformance",
+            *paths,
+            *(["-p", "tests.plant"] if plant else []),
             "-p",
             "no:cacheprovider",
             "-q",
