@@ -19,7 +19,7 @@ from fixtures.models import MODELS, fixture_for
 
 # Axis order is the order of the id's parts.
 AXES = ("model", "init", "composition", "tie", "offload", "sharding", "bucketing", "dtype", "world_size")
-AREAS = ("materialization", "numerics", "collectives", "state_dict")
+AREAS = ("materialization", "numerics", "collectives", "state_dict", "memory")
 PROFILES = ("smoke", "ci", "full")
 
 

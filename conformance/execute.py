@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conformance import collectives, materialization, numerics, state_dict
+from conformance import collectives, materialization, memory, numerics, state_dict
 from conformance.cells import Cell, expects_reset_error, plan
 from conformance.compose import COMPOSITIONS
 from conformance.findings import Findings
@@ -42,7 +42,9 @@ CHECKS: dict[str, Callable[[CellRun], Findings]] = {
     "numerics": numerics.check,
     "collectives": collectives.check,
     "state_dict": state_dict.check,
+    "memory": memory.check,
 }
+MEASURED_STEP = 1  # the first step compiles; the second shows the steady state
 
 
 class Unsupported(Exception):
@@ -79,6 +81,10 @@ class CellRun:
     reference_state_dict: dict[str, torch.Tensor]
     reloaded: dict[str, torch.Tensor]  # full parameters after load_original_state_dict(loaded)
     loaded: dict[str, torch.Tensor]
+    memory: dict[str, int]  # phase -> peak bytes allocated during it
+    handed_over: int  # bytes of the state dict the kit handed Thunder to initialize from
+    retained: int  # bytes alive right after setup that the kit does not hold itself
+    backend: str
     timings: dict[str, float]
 
     @property
@@ -185,9 +191,8 @@ def drive(cell: Cell) -> CellRun:
     reference_initial = _snapshot(reference)
 
     timings: dict[str, float] = {}
+    peaks: dict[str, int] = {}
     began = time.perf_counter()
-    torch.manual_seed(SEED + (rank if init.broadcast else 0))
-    subject = inits.build(init, make, device, dtype)
     materialize, load = plan(cell)
     options: dict[str, Any] = {
         "sharding_strategy": _enum("FSDPType", cell.sharding),
@@ -195,12 +200,21 @@ def drive(cell: Cell) -> CellRun:
     }
     if init.broadcast:
         options["broadcast_from"] = source
-    tm = composition.build(subject, device, _materialization(materialize, reference, rank, world), options)
-    if load == "original":
-        tm.load_original_state_dict(_clone(reference.state_dict()))
-    elif load == "transformed":
-        tm.load_state_dict(transformed_state_dict(reference, rank, world))
+    with memory.measure(device, peaks, "setup"):
+        torch.manual_seed(SEED + (rank if init.broadcast else 0))
+        tm = composition.build(
+            inits.build(init, make, device, dtype),
+            device,
+            _materialization(materialize, reference, rank, world),
+            options,
+        )
+        if load == "original":
+            tm.load_original_state_dict(_clone(reference.state_dict()))
+        elif load == "transformed":
+            tm.load_state_dict(transformed_state_dict(reference, rank, world))
     timings["setup_s"] = time.perf_counter() - began
+    kit_held = memory.pointers(*reference.parameters(), *reference.buffers(), *reference_initial.values())
+    retained = memory.census(device, kit_held)
 
     placement = {n: str(t.device) for n, t in (*tm.named_parameters(), *tm.named_buffers())}
     buffers = {n: b.detach().cpu().clone() for n, b in tm.named_buffers()}
@@ -223,12 +237,16 @@ def drive(cell: Cell) -> CellRun:
         for _ in range(STEPS):
             began = time.perf_counter()
             inputs = [fixture.make_input(_generator(step, r), dtype).to(device) for r in range(world)]
-            out = tm(inputs[rank])
+            measured = peaks if step == MEASURED_STEP else {}
+            with memory.measure(device, measured, "forward"):
+                out = tm(inputs[rank])
             ref_outs = [reference(x) for x in inputs]
             cotangents = [
                 torch.randn(o.shape, generator=_generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
             ]
-            (out * cotangents[rank]).mean().backward()
+            loss = (out * cotangents[rank]).mean()
+            with memory.measure(device, measured, "backward"):
+                loss.backward()
             # FSDP averages gradients over ranks: the reference loss is the mean of the ranks' losses.
             _mean_loss(ref_outs, cotangents).backward()
             golden_outs = None
@@ -244,9 +262,12 @@ def drive(cell: Cell) -> CellRun:
                     golden_output=None if golden_outs is None else golden_outs[rank].detach().cpu(),
                     golden_grads=None if golden is None else _snapshot(golden, grads=True),
                 )
+            with memory.measure(device, measured, "step"):
+                opt.step()
             for o in (opt, ref_opt, golden_opt):
                 if o is not None:
-                    o.step()
+                    if o is not opt:
+                        o.step()
                     o.zero_grad(set_to_none=True)
             timings[f"step{step}_s"] = time.perf_counter() - began
             step += 1
@@ -279,6 +300,10 @@ def drive(cell: Cell) -> CellRun:
         reference_state_dict={k: v.detach().cpu().clone() for k, v in reference.state_dict().items()},
         reloaded=_gather(tm, shapes),
         loaded={n: t.cpu() for n, t in loaded.items()},
+        memory=peaks,
+        handed_over=handed_over,
+        retained=retained,
+        backend=dist.get_backend(),
         timings=timings,
     )
 

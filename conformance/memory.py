@@ -1,0 +1,255 @@
+"""Memory: what a rank holds and allocates, per phase, against bounds derived from the model.
+
+Measured on every rank: the peak of bytes allocated during each phase of the second step
+(``forward``, ``backward``, ``step``: compiled by then) and during ``setup`` (construction,
+jit, sharding, materialization), by a dispatch-mode tracker of storages on CPU or the caching allocator's
+statistics on CUDA; and the bytes that stay alive after setup, by a census of every live
+tensor storage (profiler peaks cannot see leftovers allocated before they started).
+
+Estimated from the traces: the peak of live bytes in Thunder's final forward and backward
+execution traces, computed from the data flow (a tensor lives from its producer to its last
+consumer, or to the end if returned), ignoring the ``del`` statements Thunder inserted, so a
+Thunder that stops freeing is caught rather than explained away.
+
+Bounds:
+- after setup a rank holds its shards and buffers, nothing more (unsharded originals freed),
+  plus SLACK_BYTES for 0-d scalars (4 bytes seen on litgpt);
+- under meta init, the setup peak stays within the shards and buffers plus three copies of
+  the largest module's own tensors (materialization goes module by module; sharding one holds
+  the unsharded tensor, its padded copy and the shard cut from it), plus one transient copy
+  of a state dict the user hands over to initialize from, plus SLACK_BYTES: under module init
+  the whole model is never allocated on one rank;
+- the measured forward and backward peaks stay within ESTIMATE_FACTOR of the estimate plus
+  SLACK_BYTES; on gloo the backward may also hold the full gradient of every reduce-scatter
+  in flight (gloo reduce-scatters by all-reducing a full-size clone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from conformance.collectives import collective_symbols, distinct_storages, padded_bytes
+from conformance.findings import Findings
+
+if TYPE_CHECKING:
+    from conformance.execute import CellRun
+
+ESTIMATE_FACTOR = 1.25
+SLACK_BYTES = 256
+MATERIALIZATION_COPIES = 3
+PHASES = ("setup", "forward", "backward", "step")
+
+
+class _StorageTracker(TorchDispatchMode):
+    """Live bytes of storages that ops allocate on one device while the mode is active.
+
+    A storage is new when no input of the op shares it; its free is seen through a weak
+    reference (torch keeps one Python object per storage alive as long as the storage).
+    torch's own MemTracker does this too, but leaves module hooks behind that break tracing.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+        self.live = self.peak = 0
+        self._refs: dict[int, weakref.ref] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs = {
+            t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+        }
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor) or t.device != self.device:
+                continue
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if not ptr or ptr in inputs or ptr in self._refs:
+                continue
+            nbytes = storage.nbytes()
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+            self._refs[ptr] = weakref.ref(storage, lambda _, ptr=ptr, n=nbytes: self._free(ptr, n))
+        return out
+
+    def _free(self, ptr: int, nbytes: int) -> None:
+        self.live -= nbytes
+        self._refs.pop(ptr, None)
+
+
+@contextlib.contextmanager
+def measure(device: torch.device, into: dict[str, int], phase: str) -> Iterator[None]:
+    """Record into ``into[phase]`` the peak bytes allocated on ``device`` during the block."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        yield
+        torch.cuda.synchronize(device)
+        into[phase] = torch.cuda.max_memory_allocated(device) - base
+        return
+    with _StorageTracker(device) as tracker:
+        yield
+    into[phase] = tracker.peak
+
+
+def census(device: torch.device, exclude: set[int]) -> int:
+    """Bytes of every distinct tensor storage alive on ``device``, less those in ``exclude``
+    (data pointers of tensors the kit itself holds)."""
+    gc.collect()
+    seen: dict[int, int] = {}
+    for obj in gc.get_objects():
+        try:
+            if not isinstance(obj, torch.Tensor) or obj.device != device or obj.is_meta:
+                continue
+            storage = obj.untyped_storage()
+        except Exception:
+            continue
+        ptr = storage.data_ptr()
+        if ptr and ptr not in exclude:
+            seen[ptr] = storage.nbytes()
+    return sum(seen.values())
+
+
+def pointers(*tensors: torch.Tensor) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+# -- the estimate -------------------------------------------------------------------------
+
+_ALIASES = {
+    # names of executor and torch symbols whose outputs share their input's storage
+    "unsqueeze", "squeeze", "transpose", "expand", "reshape", "view", "permute", "contiguous", "split",
+    "chunk", "getitem", "narrow", "flatten", "unflatten", "t", "detach", "torch_prims_reshape_impl",
+    "torch_wait_prim_impl", "shallow_copy", "broadcast_in_dim", "slice_prim",
+}  # fmt: skip
+
+
+def _proxy_bytes(p: Any) -> int:
+    numel = 1
+    for d in p.shape:
+        numel *= d
+    return numel * p.dtype.bytes
+
+
+def estimated_peak(trace: Any) -> int:
+    """Peak of live bytes among tensors the trace produces, from its data flow alone."""
+    from thunder.core.prims import PrimIDs
+    from thunder.core.proxies import FutureTensorProxy, TensorProxy
+
+    def tensors(xs: Any) -> list[Any]:
+        return [x for x in xs if isinstance(x, (TensorProxy, FutureTensorProxy))]
+
+    root: dict[str, str] = {}  # proxy name -> name of the proxy that owns its storage
+    size: dict[str, int] = {}
+    born: dict[str, int] = {}
+    last: dict[str, int] = {}
+    bsyms = [b for b in trace.bound_symbols if b.sym.id not in (PrimIDs.DEL,)]
+    end = len(bsyms)
+    for i, bsym in enumerate(bsyms):
+        args = tensors(bsym.flat_proxy_args)
+        for a in args:
+            owner = root.get(a.name)
+            if owner is not None:
+                last[owner] = end if bsym.sym.id == PrimIDs.RETURN else max(last[owner], i)
+        if bsym.sym.id == PrimIDs.RETURN:
+            continue
+        aliasing = bsym.sym.name in _ALIASES and args and args[0].name in root
+        for out in tensors(bsym.flat_proxy_outs):
+            if out.name in root:
+                continue
+            if aliasing:
+                root[out.name] = root[args[0].name]
+            else:
+                root[out.name] = out.name
+                size[out.name] = _proxy_bytes(out)
+                born[out.name] = last[out.name] = i
+    events = [0] * (end + 2)
+    for name, nbytes in size.items():
+        events[born[name]] += nbytes
+        events[last[name] + 1] -= nbytes
+    live = peak = 0
+    for delta in events:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+# -- bounds and the check -----------------------------------------------------------------
+
+
+def shard_bytes(module: nn.Module, world_size: int) -> int:
+    return sum(padded_bytes(p, world_size) for p in distinct_storages(module).values()) // world_size
+
+
+def largest_module_bytes(module: nn.Module, world_size: int) -> int:
+    """The most bytes of parameters and buffers that any one module owns directly (dim 0
+    padded to the world size, as sharding pads it)."""
+    return max(
+        (
+            sum(padded_bytes(t, world_size) for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)))
+            for m in module.modules()
+        ),
+        default=0,
+    )
+
+
+def check(run: CellRun) -> Findings:
+    import thunder
+
+    found = Findings()
+    cell, reference, measured = run.cell, run.reference, run.memory
+    world = cell.world_size
+    buffers = sum(b.numel() * b.element_size() for b in run.reference_buffers.values())
+    held = shard_bytes(reference, world) + buffers
+    found.metrics["measured"] = dict(measured)
+
+    found.metrics["retained after setup"] = {"measured": run.retained, "bound": held + SLACK_BYTES}
+    with found.expect("memory held after setup"):
+        assert run.retained <= held + SLACK_BYTES, (
+            f"{run.retained} bytes alive after setup, but a rank should hold only its shards and buffers "
+            f"({held} bytes): unsharded originals or copies were kept"
+        )
+    if run.init.on_meta:
+        copies = MATERIALIZATION_COPIES * largest_module_bytes(reference, world)
+        bound = held + copies + run.handed_over + SLACK_BYTES
+        found.metrics["setup peak"] = {"measured": measured["setup"], "bound": bound}
+        with found.expect("setup peak under meta init"):
+            assert measured["setup"] <= bound, (
+                f"setup allocated {measured['setup']} bytes at its peak; materializing module by module "
+                f"needs at most {bound} (shards, buffers, three copies of the largest module, slack)"
+            )
+
+    traces = {
+        "forward": thunder.last_traces(run.thunder_module)[-1],
+        "backward": thunder.last_backward_traces(run.thunder_module)[-1],
+    }
+    for phase, trace in traces.items():
+        estimate = estimated_peak(trace)
+        bound = int(ESTIMATE_FACTOR * estimate) + SLACK_BYTES
+        if phase == "backward" and run.backend == "gloo":
+            reduce_scatters = len(collective_symbols(trace)["reduce_scatter"])
+            bound += reduce_scatters and sum(
+                p.numel() * p.element_size() for p in distinct_storages(reference, trainable_only=True).values()
+            )
+        found.metrics[f"{phase} peak"] = {
+            "measured": measured[phase],
+            "estimate": estimate,
+            "bound": bound,
+            "ratio": measured[phase] / estimate if estimate else None,
+        }
+        with found.expect(f"{phase} peak"):
+            assert measured[phase] <= bound, (
+                f"{phase} allocated {measured[phase]} bytes at its peak; the trace's data flow needs "
+                f"{estimate} (bound {bound}): something is kept alive past its last use"
+            )
+    return found

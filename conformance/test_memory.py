@@ -1,0 +1,10 @@
+"""Memory: per-phase peaks and what stays alive after setup, against bounds derived from the
+model and an estimate from the traces' data flow (see conformance/memory.py)."""
+
+from conformance.cells import Cell
+
+AREA = "memory"
+
+
+def test_memory(conformance, cell: Cell) -> None:
+    conformance.expect(cell, AREA)
