@@ -82,7 +82,6 @@ class CellRun:
     reloaded: dict[str, torch.Tensor]  # full parameters after load_original_state_dict(loaded)
     loaded: dict[str, torch.Tensor]
     memory: dict[str, int]  # phase -> peak bytes allocated during it
-    handed_over: int  # bytes of the state dict the kit handed Thunder to initialize from
     retained: int  # bytes alive right after setup that the kit does not hold itself
     backend: str
     timings: dict[str, float]
@@ -200,18 +199,22 @@ def drive(cell: Cell) -> CellRun:
     }
     if init.broadcast:
         options["broadcast_from"] = source
+    # What the kit hands over is built outside the measured block: it is the user's memory.
+    materialization_init = _materialization(materialize, reference, rank, world)
+    handover = {
+        "module": None,
+        "original": lambda: _clone(reference.state_dict()),
+        "transformed": lambda: transformed_state_dict(reference, rank, world),
+    }[materialize if load is None else load]
+    state = handover() if handover is not None else None
     with memory.measure(device, peaks, "setup"):
         torch.manual_seed(SEED + (rank if init.broadcast else 0))
-        tm = composition.build(
-            inits.build(init, make, device, dtype),
-            device,
-            _materialization(materialize, reference, rank, world),
-            options,
-        )
+        tm = composition.build(inits.build(init, make, device, dtype), device, materialization_init, options)
         if load == "original":
-            tm.load_original_state_dict(_clone(reference.state_dict()))
+            tm.load_original_state_dict(state)
         elif load == "transformed":
-            tm.load_state_dict(transformed_state_dict(reference, rank, world))
+            tm.load_state_dict(state)
+    del state, materialization_init
     timings["setup_s"] = time.perf_counter() - began
     kit_held = memory.pointers(*reference.parameters(), *reference.buffers(), *reference_initial.values())
     retained = memory.census(device, kit_held)
@@ -301,7 +304,6 @@ def drive(cell: Cell) -> CellRun:
         reloaded=_gather(tm, shapes),
         loaded={n: t.cpu() for n, t in loaded.items()},
         memory=peaks,
-        handed_over=handed_over,
         retained=retained,
         backend=dist.get_backend(),
         timings=timings,
