@@ -31,6 +31,7 @@ settings.register_profile("nightly", max_examples=200, deadline=None, suppress_h
 settings.load_profile("ci")
 
 RUN_CELL = "conformance.execute:run_cell"
+BASELINE_GROWTH = 0.10  # a phase's peak may grow this much over --memory-baseline (plus 256 bytes)
 DEFAULT_XFAILS = ROOT / "xfails.toml"
 
 
@@ -60,6 +61,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=PROFILES,
         default="ci",
         help="which cells: smoke (one per kind of check), ci (pairwise covering array, default), full (every cell)",
+    )
+    group.addoption(
+        "--memory-baseline",
+        type=Path,
+        default=None,
+        metavar="REPORT_JSON",
+        help=f"fail a cell whose peak in any phase grew over {BASELINE_GROWTH:.0%} past this earlier report.json",
     )
     group.addoption(
         "--replay",
@@ -158,6 +166,7 @@ class Runner:
         self.base_dir = Path(config.getoption("report_dir") or config.rootpath / ".conformance") / "worlds"
         self.profile: str = config.getoption("profile")
         self.cells = cells(self.profile, self.nproc)
+        self.baseline = _load_baseline(config.getoption("memory_baseline"))
         self.xfails_file: Path = config.getoption("xfails")
         self.expectations = expectations.load(self.xfails_file)
         self.thunder_version = environment.version(environment.THUNDER_DIST)
@@ -181,6 +190,17 @@ class Runner:
             if self.isolate:
                 world.close()
         return self.outcomes[cell.id]
+
+    def grown(self, cell: Cell, measured: dict[str, int]) -> list[str]:
+        """Phases whose peak grew past BASELINE_GROWTH over the --memory-baseline report."""
+        before = self.baseline.get(cell.id)
+        if before is None:
+            return []
+        return [
+            f"{phase} peak grew from {before[phase]} to {now} bytes (more than {BASELINE_GROWTH:.0%} over the baseline)"
+            for phase, now in measured.items()
+            if phase in before and now > before[phase] * (1 + BASELINE_GROWTH) + 256
+        ]
 
     def repro(self, nodeid: str) -> str:
         args = ["python", "-m", "pytest", plain_nodeid(nodeid), "--nproc", str(self.nproc), "--backend", self.backend]
@@ -236,6 +256,9 @@ class Conformance:
         failures = _by_message(
             (rank, msg) for rank, value in enumerate(outcome.values) for msg in value["checks"][area]["failures"]
         )
+        if area == "memory":
+            for msg in self.runner.grown(cell, outcome.values[0]["checks"][area]["metrics"]["measured"]):
+                failures.setdefault(msg, []).append(0)
         if not failures:
             return
         runner = self.runner
@@ -266,6 +289,15 @@ class Conformance:
             metrics["timings"] = first["timings"]
         props = {"cell": cell.id, "area": area, "axes": cell.axes(), "ranks": ranks, "metrics": metrics}
         self.node.user_properties.extend((k, json.dumps(v)) for k, v in props.items())
+
+
+def _load_baseline(path: Path | None) -> dict[str, dict[str, int]]:
+    if path is None:
+        return {}
+    cells = json.loads(path.read_text())["cells"]
+    return {
+        c["cell"]: c["metrics"]["measured"] for c in cells if c.get("area") == "memory" and "measured" in c["metrics"]
+    }
 
 
 def _by_message(pairs: Iterator[tuple[int, str]]) -> dict[str, list[int]]:

@@ -130,6 +130,17 @@ def summary(report: dict[str, Any], repro: Any) -> str:
         for axis, values in report["coverage"].items()
     ]
     lines.append("")
+    ratios = [
+        (c["metrics"][key]["ratio"], c["cell"], key)
+        for c in report["cells"]
+        if c.get("area") == "memory"
+        for key in ("forward peak", "backward peak")
+        if (c.get("metrics", {}).get(key) or {}).get("ratio") is not None
+    ]
+    if ratios:
+        lines += ["## Memory: highest measured / estimated peaks", "", "| ratio | phase | cell |", "|---|---|---|"]
+        lines += [f"| {r:.2f} | {key.split()[0]} | `{cell}` |" for r, cell, key in sorted(ratios, reverse=True)[:8]]
+        lines.append("")
     failed = [c for c in report["cells"] if c["outcome"] in ("failed", "error")]
     if failed:
         lines += ["## Failures", ""]

@@ -117,6 +117,61 @@ def stale_original_state_dict() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def originals_kept() -> Iterator[None]:
+    """FSDP keeps the unsharded original parameters alive beside the shards (Thunder #478 class)."""
+    from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
+
+    original = FSDPTransform.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.release_original_parameters = False
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FSDPTransform, "__init__", init)
+        yield
+
+
+@contextlib.contextmanager
+def full_model_before_sharding() -> Iterator[None]:
+    """Module init materializes every parameter unsharded before it shards any of them."""
+    import thunder.transforms.materialization as materialization
+    import torch
+
+    original = materialization.module_init_from_original_module_init
+
+    def init(transform: Any, tm: Any, **kwargs: Any) -> Any:
+        whole = [torch.zeros(p.shape, dtype=p.dtype, device=transform.device) for p in tm._model.parameters()]
+        try:
+            return original(transform, tm, **kwargs)
+        finally:
+            del whole
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(materialization, "module_init_from_original_module_init", init)
+        yield
+
+
+@contextlib.contextmanager
+def intermediates_not_freed() -> Iterator[None]:
+    """The executed traces lose their del statements: every intermediate lives to the end.
+    (The clear_collection calls the same pass adds stay: Thunder's backward relies on them.)"""
+    import thunder.executors.passes as passes
+    from thunder.core.prims import PrimIDs
+
+    original = passes.del_last_used
+
+    def keep_everything(trace: Any, **kwargs: Any) -> Any:
+        out = original(trace, **kwargs)
+        out.bound_symbols = [b for b in out.bound_symbols if b.sym.id != PrimIDs.DEL]
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(passes, "del_last_used", keep_everything)
+        yield
+
+
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     f.__name__: f
     for f in (
@@ -126,6 +181,9 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         stale_forward_gather,
         one_module_not_materialized,
         stale_original_state_dict,
+        originals_kept,
+        full_model_before_sharding,
+        intermediates_not_freed,
     )
 }
 
