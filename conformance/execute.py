@@ -82,6 +82,7 @@ class CellRun:
     reloaded: dict[str, torch.Tensor]  # full parameters after load_original_state_dict(loaded)
     loaded: dict[str, torch.Tensor]
     memory: dict[str, int]  # phase -> peak bytes allocated during it
+    eager_memory: dict[str, int]  # forward and backward of the eager model on this rank's input
     retained: int  # bytes alive right after setup that the kit does not hold itself
     backend: str
     timings: dict[str, float]
@@ -191,6 +192,7 @@ def drive(cell: Cell) -> CellRun:
 
     timings: dict[str, float] = {}
     peaks: dict[str, int] = {}
+    eager_peaks: dict[str, int] = {}  # the same phases in eager PyTorch, unsharded: a second reference
     began = time.perf_counter()
     materialize, load = plan(cell)
     options: dict[str, Any] = {
@@ -250,6 +252,8 @@ def drive(cell: Cell) -> CellRun:
             loss = (out * cotangents[rank]).mean()
             with memory.measure(device, measured, "backward"):
                 loss.backward()
+            if step == MEASURED_STEP:
+                _measure_eager(reference, inputs[rank], cotangents[rank], device, eager_peaks)
             # FSDP averages gradients over ranks: the reference loss is the mean of the ranks' losses.
             _mean_loss(ref_outs, cotangents).backward()
             golden_outs = None
@@ -304,10 +308,23 @@ def drive(cell: Cell) -> CellRun:
         reloaded=_gather(tm, shapes),
         loaded={n: t.cpu() for n, t in loaded.items()},
         memory=peaks,
+        eager_memory=eager_peaks,
         retained=retained,
         backend=dist.get_backend(),
         timings=timings,
     )
+
+
+def _measure_eager(
+    reference: nn.Module, x: torch.Tensor, cotangent: torch.Tensor, device: torch.device, into: dict[str, int]
+) -> None:
+    """Eager's peaks for this rank's input; gradients are returned, not accumulated, so the
+    reference's own training is untouched."""
+    with memory.measure(device, into, "forward"):
+        out = reference(x)
+    loss = (out * cotangent).mean()
+    with memory.measure(device, into, "backward"):
+        torch.autograd.grad(loss, [p for p in reference.parameters() if p.requires_grad])
 
 
 def _mean_loss(outputs: list[torch.Tensor], cotangents: list[torch.Tensor]) -> torch.Tensor:

@@ -11,6 +11,9 @@ execution traces, computed from the data flow (a tensor lives from its producer 
 consumer, or to the end if returned), ignoring the ``del`` statements Thunder inserted, so a
 Thunder that stops freeing is caught rather than explained away.
 
+Eager PyTorch's peaks for the same model, this rank's input and the same phase are recorded
+beside them as a second, independent reference (reported, not bounded: eager is unsharded).
+
 Bounds:
 - after setup a rank holds its shards and buffers, nothing more (unsharded originals freed),
   plus SLACK_BYTES for 0-d scalars (4 bytes seen on litgpt);
@@ -211,6 +214,7 @@ def check(run: CellRun) -> Findings:
     buffers = sum(b.numel() * b.element_size() for b in run.reference_buffers.values())
     held = shard_bytes(reference, world) + buffers
     found.metrics["measured"] = dict(measured)
+    found.metrics["eager"] = dict(run.eager_memory)  # unsharded eager model, same input: for comparison
 
     found.metrics["retained after setup"] = {"measured": run.retained, "bound": held + SLACK_BYTES}
     with found.expect("memory held after setup"):
@@ -245,6 +249,7 @@ def check(run: CellRun) -> Findings:
             "estimate": estimate,
             "bound": bound,
             "ratio": measured[phase] / estimate if estimate else None,
+            "eager": run.eager_memory.get(phase),
         }
         with found.expect(f"{phase} peak"):
             assert measured[phase] <= bound, (
