@@ -11,7 +11,7 @@ import copy
 import dataclasses
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -138,25 +138,37 @@ def _gather(tm: Any, shapes: dict[str, torch.Size], grads: bool = False) -> dict
 
 
 def _snapshot(module: nn.Module, grads: bool = False) -> dict[str, torch.Tensor]:
-    return {
-        n: (p.grad if grads else p).detach().cpu().clone()
-        for n, p in module.named_parameters()
-        if not grads or p.grad is not None
-    }
+    named = ((n, p.grad if grads else p) for n, p in module.named_parameters())
+    return _cpu((n, t) for n, t in named if t is not None)
+
+
+def _cpu(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Detached CPU copies, safe from later training steps."""
+    return {n: t.detach().cpu().clone() for n, t in named}
 
 
 def _clone(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in sd.items()}
 
 
-def _materialization(how: str, reference: nn.Module, rank: int, world: int) -> Any:
+def _materialization(how: str, state: dict[str, torch.Tensor] | None) -> Any:
+    """The MaterializationTransform init: module init, or from ``state`` (original or transformed)."""
     from thunder.transforms import MaterializationTransform
 
     if how == "module":
         return MaterializationTransform.init_from_original_module_init()
     if how == "original":
-        return MaterializationTransform.init_from_original_state_dict(_clone(reference.state_dict()))
-    return MaterializationTransform.init_from_transformed_state_dict(transformed_state_dict(reference, rank, world))
+        return MaterializationTransform.init_from_original_state_dict(state)
+    return MaterializationTransform.init_from_transformed_state_dict(state)
+
+
+def _state_dict(kind: str | None, reference: nn.Module, rank: int, world: int) -> dict[str, torch.Tensor] | None:
+    """The state dict the kit hands Thunder, as a user would: "original" or "transformed"."""
+    if kind == "original":
+        return _clone(reference.state_dict())
+    if kind == "transformed":
+        return transformed_state_dict(reference, rank, world)
+    return None
 
 
 def transformed_state_dict(reference: nn.Module, rank: int, world: int) -> dict[str, torch.Tensor]:
@@ -202,13 +214,9 @@ def drive(cell: Cell) -> CellRun:
     if init.broadcast:
         options["broadcast_from"] = source
     # What the kit hands over is built outside the measured block: it is the user's memory.
-    materialization_init = _materialization(materialize, reference, rank, world)
-    handover = {
-        "module": None,
-        "original": lambda: _clone(reference.state_dict()),
-        "transformed": lambda: transformed_state_dict(reference, rank, world),
-    }[materialize if load is None else load]
-    state = handover() if handover is not None else None
+    # One of the two takes it: plan() loads after setup only where materialization is by module init.
+    state = _state_dict(load or materialize, reference, rank, world)
+    materialization_init = _materialization(materialize, state)
     with memory.measure(device, peaks, "setup"):
         torch.manual_seed(SEED + (rank if init.broadcast else 0))
         tm = composition.build(inits.build(init, make, device, dtype), device, materialization_init, options)
@@ -222,7 +230,7 @@ def drive(cell: Cell) -> CellRun:
     retained = memory.census(device, kit_held)
 
     placement = {n: str(t.device) for n, t in (*tm.named_parameters(), *tm.named_buffers())}
-    buffers = {n: b.detach().cpu().clone() for n, b in tm.named_buffers()}
+    buffers = _cpu(tm.named_buffers())
     initial = _gather(tm, shapes)
     if not init.values_from_reference:
         # Thunder drew these weights; the reference adopts them so the steps can be compared.
@@ -283,7 +291,7 @@ def drive(cell: Cell) -> CellRun:
             golden_after[opt_name] = _snapshot(golden)
 
     # State-dict round trip, last: it rewrites the module's weights.
-    original_sd = {k: v.detach().cpu().clone() for k, v in tm.original_state_dict().items()}
+    original_sd = _cpu(tm.original_state_dict().items())
     loaded = {n: t.to(device) for n, t in reference_initial.items()}
     tm.load_original_state_dict({**_clone(reference.state_dict()), **loaded})
 
@@ -299,12 +307,12 @@ def drive(cell: Cell) -> CellRun:
         initial=initial,
         reference_initial=reference_initial,
         buffers=buffers,
-        reference_buffers={n: b.detach().cpu().clone() for n, b in reference.named_buffers()},
+        reference_buffers=_cpu(reference.named_buffers()),
         first_step=first_step,
         after=after,
         golden_after=golden_after,
         original_state_dict=original_sd,
-        reference_state_dict={k: v.detach().cpu().clone() for k, v in reference.state_dict().items()},
+        reference_state_dict=_cpu(reference.state_dict().items()),
         reloaded=_gather(tm, shapes),
         loaded={n: t.cpu() for n, t in loaded.items()},
         memory=peaks,

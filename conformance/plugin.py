@@ -22,6 +22,7 @@ from conformance.cells import AREAS, PROFILES, Cell, applies, cells
 from conformance.controller import Outcome, World
 from conformance.expectations import KnownNonConformance
 from conformance.launch import ROOT, LaunchSpec, device_slice, resolve_backend, visible_cuda_devices
+from conformance.memory import SLACK_BYTES
 
 # Hypothesis profiles for generated cells; hypothesis's own --hypothesis-profile picks one.
 _QUIET = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -31,7 +32,7 @@ settings.register_profile("nightly", max_examples=200, deadline=None, suppress_h
 settings.load_profile("ci")
 
 RUN_CELL = "conformance.execute:run_cell"
-BASELINE_GROWTH = 0.10  # a phase's peak may grow this much over --memory-baseline (plus 256 bytes)
+BASELINE_GROWTH = 0.10  # a phase's peak may grow this much over --memory-baseline (plus SLACK_BYTES)
 DEFAULT_XFAILS = ROOT / "xfails.toml"
 
 
@@ -122,7 +123,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             continue
         # Every area of a cell reads one run: under `--dist loadgroup` they share a worker.
         marks = [pytest.mark.xdist_group(cell.id), pytest.mark.cell(cell.id)]
-        known = [e for e in runner.expectations if e.covers(cell, area, runner.thunder_version)]
+        known = runner.known(cell, area)
         if known:
             reason = " | ".join(f"{e.reason} ({e.link})" for e in known)
             marks.append(pytest.mark.xfail(reason=reason, raises=KnownNonConformance, strict=False))
@@ -191,6 +192,10 @@ class Runner:
                 world.close()
         return self.outcomes[cell.id]
 
+    def known(self, cell: Cell, area: str) -> list[expectations.Expectation]:
+        """The xfails entries that cover ``cell`` in ``area`` for the Thunder under test."""
+        return [e for e in self.expectations if e.covers(cell, area, self.thunder_version)]
+
     def grown(self, cell: Cell, measured: dict[str, int]) -> list[str]:
         """Phases whose peak grew past BASELINE_GROWTH over the --memory-baseline report."""
         before = self.baseline.get(cell.id)
@@ -199,7 +204,7 @@ class Runner:
         return [
             f"{phase} peak grew from {before[phase]} to {now} bytes (more than {BASELINE_GROWTH:.0%} over the baseline)"
             for phase, now in measured.items()
-            if phase in before and now > before[phase] * (1 + BASELINE_GROWTH) + 256
+            if phase in before and now > before[phase] * (1 + BASELINE_GROWTH) + SLACK_BYTES
         ]
 
     def repro(self, nodeid: str) -> str:
@@ -261,8 +266,7 @@ class Conformance:
                 failures.setdefault(msg, []).append(0)
         if not failures:
             return
-        runner = self.runner
-        known = [e for e in runner.expectations if e.covers(cell, area, runner.thunder_version)]
+        known = self.runner.known(cell, area)
         unexplained = [msg for msg in failures if not any(e.explains(msg) for e in known)]
         lines = [f"{cell.id} does not conform ({area}):"]
         lines += [
