@@ -6,7 +6,8 @@ jit, sharding, materialization), by a dispatch-mode tracker of storages on CPU o
 statistics on CUDA; and the bytes that stay alive after setup, by a census of every live
 tensor storage (profiler peaks cannot see leftovers allocated before they started).
 
-Estimated from the traces: the peak of live bytes in Thunder's final forward and backward
+Estimated for setup from the model (``setup_estimate``), and from the traces for forward
+and backward: the peak of live bytes in Thunder's final forward and backward
 execution traces, computed from the data flow (a tensor lives from its producer to its last
 consumer, or to the end if returned), ignoring the ``del`` statements Thunder inserted, so a
 Thunder that stops freeing is caught rather than explained away.
@@ -21,6 +22,9 @@ Bounds:
   the largest module's own tensors (materialization goes module by module; sharding one holds
   the unsharded tensor, its padded copy and the shard cut from it), plus SLACK_BYTES: the
   whole model is never allocated on one rank;
+- under real init, the setup peak stays within ESTIMATE_FACTOR of the model's arithmetic
+  (``setup_estimate``: the model built at the default dtype and converted, then every shard
+  cut while the originals are referenced) plus SLACK_BYTES;
 - the measured forward and backward peaks stay within ESTIMATE_FACTOR of the estimate plus
   SLACK_BYTES; on gloo the backward may also hold the full gradient of every reduce-scatter
   in flight (gloo reduce-scatters by all-reducing a full-size clone).
@@ -205,6 +209,41 @@ def largest_module_bytes(module: nn.Module, world_size: int) -> int:
     )
 
 
+def _tensor_bytes(module: nn.Module) -> list[int]:
+    """Bytes of each distinct parameter storage and each buffer of ``module``."""
+    params = [p.numel() * p.element_size() for p in distinct_storages(module).values()]
+    return params + [b.numel() * b.element_size() for b in module.buffers()]
+
+
+def setup_estimate(run: CellRun) -> int:
+    """The peak of setup by the model's arithmetic, for the cell's init mode.
+
+    Real init builds the whole model at the default dtype, converts it tensor by tensor to
+    the cell's dtype, then cuts every shard from a padded copy while the originals are
+    still referenced. Meta init materializes one module's tensors at a time, pads a copy of
+    each to cut its shard from, and keeps only the shards; from a transformed (already
+    sharded) state dict only shards are made.
+    """
+    from conformance.cells import plan
+    from fixtures.models import fixture_for
+
+    world = run.cell.world_size
+    reference = run.reference
+    buffers = sum(b.numel() * b.element_size() for b in reference.buffers())
+    held = shard_bytes(reference, world) + buffers
+    if run.init.on_meta:
+        if plan(run.cell)[0] == "transformed":
+            return held
+        return held + 2 * largest_module_bytes(reference, world)
+    with torch.device("meta"):
+        built = _tensor_bytes(fixture_for(run.cell.model, run.cell.spec).build(run.cell.tie == "tied"))
+    converted = _tensor_bytes(reference)
+    conversion = sum(built) + (max(converted) if sum(built) != sum(converted) else 0)
+    largest_padded = max(padded_bytes(p, world) for p in distinct_storages(reference).values())
+    sharding = sum(converted) + shard_bytes(reference, world) + largest_padded
+    return max(conversion, sharding)
+
+
 def check(run: CellRun) -> Findings:
     import thunder
 
@@ -222,15 +261,22 @@ def check(run: CellRun) -> Findings:
             f"{run.retained} bytes alive after setup, but a rank should hold only its shards and buffers "
             f"({held} bytes): unsharded originals or copies were kept"
         )
+    estimate = setup_estimate(run)
     if run.init.on_meta:
-        copies = MATERIALIZATION_COPIES * largest_module_bytes(reference, world)
-        bound = held + copies + SLACK_BYTES
-        found.metrics["setup peak"] = {"measured": measured["setup"], "bound": bound}
-        with found.expect("setup peak under meta init"):
-            assert measured["setup"] <= bound, (
-                f"setup allocated {measured['setup']} bytes at its peak; materializing module by module "
-                f"needs at most {bound} (shards, buffers, three copies of the largest module, slack)"
-            )
+        bound = held + MATERIALIZATION_COPIES * largest_module_bytes(reference, world) + SLACK_BYTES
+    else:
+        bound = int(ESTIMATE_FACTOR * estimate) + SLACK_BYTES
+    found.metrics["setup peak"] = {
+        "measured": measured["setup"],
+        "estimate": estimate,
+        "bound": bound,
+        "ratio": measured["setup"] / estimate if estimate else None,
+    }
+    with found.expect(f"setup peak under {'meta' if run.init.on_meta else 'real'} init"):
+        assert measured["setup"] <= bound, (
+            f"setup allocated {measured['setup']} bytes at its peak; the model's arithmetic for "
+            f"{run.cell.init} init needs {estimate} (bound {bound})"
+        )
 
     traces = {
         "forward": thunder.last_traces(run.thunder_module)[-1],

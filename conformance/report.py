@@ -134,7 +134,7 @@ def summary(report: dict[str, Any], repro: Any) -> str:
         (c["metrics"][key]["ratio"], c["cell"], key)
         for c in report["cells"]
         if c.get("area") == "memory"
-        for key in ("forward peak", "backward peak")
+        for key in ("setup peak", "forward peak", "backward peak")
         if (c.get("metrics", {}).get(key) or {}).get("ratio") is not None
     ]
     if ratios:

@@ -89,6 +89,10 @@ def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
         if cell["area"] == "collectives":
             fwd = metrics["forward all_gathers"]
             assert fwd["expected"] == fwd["actual"] > 0
+        if cell["area"] == "memory":
+            for phase in ("setup", "forward", "backward"):
+                peak = metrics[f"{phase} peak"]
+                assert 0 < peak["measured"] <= peak["bound"] and peak["estimate"] > 0, (cell["id"], phase, peak)
 
 
 def test_summary_shows_every_cell(suite: SuiteRun) -> None:

@@ -55,6 +55,8 @@ EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
     # memory-only bugs: numerics, collectives and state dicts stay right
     "originals_kept": {"memory": (REAL, NONE, "memory held after setup")},  # meta originals hold no bytes
     "full_model_before_sharding": {"memory": (MODULE_INIT, NONE, "setup peak under meta init")},
+    # meta shards are cut from meta tensors: the copies hold no bytes there
+    "shard_sources_copied": {"memory": (REAL, NONE, "setup peak under real init")},
     "intermediates_not_freed": {"memory": (ALL, NONE, "kept alive past its last use")},
 }
 
