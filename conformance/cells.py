@@ -16,10 +16,11 @@ from typing import Any
 from conformance.compose import COMPOSITIONS
 from fixtures.inits import INITS
 from fixtures.models import MODELS, fixture_for
+from fixtures.offloads import POLICIES
 
 # Axis order is the order of the id's parts.
 AXES = ("model", "init", "composition", "tie", "offload", "sharding", "bucketing", "dtype", "world_size")
-AREAS = ("materialization", "numerics", "collectives", "state_dict", "memory")
+AREAS = ("materialization", "numerics", "collectives", "state_dict", "memory", "offload")
 PROFILES = ("smoke", "ci", "full")
 
 
@@ -76,7 +77,10 @@ def expects_reset_error(cell: Cell) -> bool:
 
 
 def applies(cell: Cell, area: str) -> bool:
-    """A negative cell never gets a model to train: only its materialization is checked."""
+    """A negative cell never gets a model to train: only its materialization is checked.
+    Offloading is checked where the cell offloads."""
+    if area == "offload" and cell.offload == "none":
+        return False
     return area == "materialization" or not expects_reset_error(cell)
 
 
@@ -98,7 +102,7 @@ def axis_values(world_size: int) -> dict[str, list[Any]]:
         "init": list(INITS),
         "composition": list(COMPOSITIONS),
         "tie": ["tied", "untied"],
-        "offload": ["none"],
+        "offload": list(POLICIES),
         "sharding": ["zero2", "zero3"],
         "bucketing": ["none", "layer", "block"],
         "dtype": ["float32", "bfloat16"],
@@ -124,9 +128,10 @@ def _pairwise(world_size: int) -> Iterator[Cell]:
 
 
 def _smoke(world_size: int) -> Iterator[Cell]:
-    """One cell per kind of check: plain, tied and meta, negative, a probed composition."""
+    """One cell per kind of check: plain, tied and meta and offloaded, negative, a probed
+    composition."""
     yield Cell("mlp", "real", "fsdp_jit", world_size=world_size)
-    yield Cell("tied_lm", "meta_module_init", "jit_fsdp", tie="tied", world_size=world_size)
+    yield Cell("tied_lm", "meta_module_init", "jit_fsdp", tie="tied", offload="all", world_size=world_size)
     yield Cell("no_reset", "meta_module_init", "fsdp_jit", world_size=world_size)
     yield Cell("mlp", "real", "legacy_jit_fsdp", world_size=world_size)
 

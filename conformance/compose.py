@@ -14,16 +14,20 @@ from typing import Any
 import torch
 
 
-def fsdp_jit(module: torch.nn.Module, device: torch.device, materialization: Any, options: dict[str, Any]) -> Any:
+def fsdp_jit(
+    module: torch.nn.Module, device: torch.device, materialization: Any, options: dict[str, Any], transforms: list[Any]
+) -> Any:
     """``fsdp(jit(m))``: trace first, then shard the ThunderModule (module-init
     materialization built in)."""
     import thunder
     import thunder.distributed
 
-    return thunder.distributed.fsdp(thunder.jit(module), device=device, **options)
+    return thunder.distributed.fsdp(thunder.jit(module, transforms=transforms), device=device, **options)
 
 
-def jit_fsdp(module: torch.nn.Module, device: torch.device, materialization: Any, options: dict[str, Any]) -> Any:
+def jit_fsdp(
+    module: torch.nn.Module, device: torch.device, materialization: Any, options: dict[str, Any], transforms: list[Any]
+) -> Any:
     """The modern "jit(fsdp)": the sharding transform handed to ``thunder.jit`` itself,
     set up as ``thunder.distributed.fsdp`` sets it up, with the cell's materialization."""
     import thunder
@@ -35,19 +39,20 @@ def jit_fsdp(module: torch.nn.Module, device: torch.device, materialization: Any
         transforms=[
             FSDPTransform(device=device, release_original_parameters=True, **options),
             MaterializationTransform(device, init=materialization),
+            *transforms,
         ],
     )
 
 
 def legacy_jit_fsdp(
-    module: torch.nn.Module, device: torch.device, materialization: Any, options: dict[str, Any]
+    module: torch.nn.Module, device: torch.device, materialization: Any, options: dict[str, Any], transforms: list[Any]
 ) -> Any:
     """``jit(fsdp(m))`` on a plain module: shard (and materialize) eagerly, then trace.
     Removed in Thunder 0.2.1 (PR #1640)."""
     import thunder
     import thunder.distributed
 
-    return thunder.jit(thunder.distributed.fsdp(module, device=device, **options))
+    return thunder.jit(thunder.distributed.fsdp(module, device=device, **options), transforms=transforms)
 
 
 @functools.cache

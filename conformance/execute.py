@@ -18,12 +18,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conformance import collectives, materialization, memory, numerics, state_dict
-from conformance.cells import Cell, expects_reset_error, plan
+from conformance import collectives, materialization, memory, numerics, offload, state_dict
+from conformance.cells import Cell, applies, expects_reset_error, plan
 from conformance.compose import COMPOSITIONS
 from conformance.findings import Findings
 from fixtures import inits
 from fixtures.models import fixture_for
+from fixtures.offloads import POLICIES
 
 SEED = 1234
 STEPS = 3  # per optimizer: SGD, then AdamW
@@ -43,6 +44,7 @@ CHECKS: dict[str, Callable[[CellRun], Findings]] = {
     "collectives": collectives.check,
     "state_dict": state_dict.check,
     "memory": memory.check,
+    "offload": offload.check,
 }
 MEASURED_STEP = 1  # the first step compiles; the second shows the steady state
 
@@ -59,6 +61,16 @@ class StepRecord:
     reference_grads: dict[str, torch.Tensor]
     golden_output: torch.Tensor | None = None  # float32 twin of the reference (low-precision cells)
     golden_grads: dict[str, torch.Tensor] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedTensor:
+    """One tensor the Thunder module's autograd node saved for backward, as found after the
+    measured step's forward."""
+
+    offloaded: bool  # in a storage the reference offloading transform created
+    device: str
+    nbytes: int
 
 
 @dataclasses.dataclass
@@ -82,6 +94,8 @@ class CellRun:
     reloaded: dict[str, torch.Tensor]  # full parameters after load_original_state_dict(loaded)
     loaded: dict[str, torch.Tensor]
     memory: dict[str, int]  # phase -> peak bytes allocated during it
+    held: dict[str, int]  # phase -> bytes it allocated that were still alive at its end
+    saved: list[SavedTensor | None] | None  # what the autograd node holds between forward and backward
     eager_memory: dict[str, int]  # forward and backward of the eager model on this rank's input
     retained: int  # bytes alive right after setup that the kit does not hold itself
     backend: str
@@ -196,15 +210,17 @@ def drive(cell: Cell) -> CellRun:
     make = functools.partial(fixture.build, cell.tie == "tied")
     source = world - 1 if init.broadcast else 0  # whose weights every rank ends up with
 
+    eager_peaks: dict[str, int] = {}  # the same phases in eager PyTorch, unsharded: a second reference
     torch.manual_seed(SEED + source)
-    with torch.device(device):
+    with torch.device(device), memory.measure(device, eager_peaks, "setup"):
         reference = make().to(dtype)
     shapes = {n: p.shape for n, p in reference.named_parameters()}  # one name per tied group
     reference_initial = _snapshot(reference)
 
     timings: dict[str, float] = {}
     peaks: dict[str, int] = {}
-    eager_peaks: dict[str, int] = {}  # the same phases in eager PyTorch, unsharded: a second reference
+    held: dict[str, int] = {}
+    saved: list[SavedTensor | None] | None = None
     began = time.perf_counter()
     materialize, load = plan(cell)
     options: dict[str, Any] = {
@@ -219,7 +235,8 @@ def drive(cell: Cell) -> CellRun:
     materialization_init = _materialization(materialize, state)
     with memory.measure(device, peaks, "setup"):
         torch.manual_seed(SEED + (rank if init.broadcast else 0))
-        tm = composition.build(inits.build(init, make, device, dtype), device, materialization_init, options)
+        model = inits.build(init, make, device, dtype)
+        tm = composition.build(model, device, materialization_init, options, _transforms(cell, device))
         if load == "original":
             tm.load_original_state_dict(state)
         elif load == "transformed":
@@ -251,8 +268,10 @@ def drive(cell: Cell) -> CellRun:
             began = time.perf_counter()
             inputs = [fixture.make_input(_generator(step, r), dtype).to(device) for r in range(world)]
             measured = peaks if step == MEASURED_STEP else {}
-            with memory.measure(device, measured, "forward"):
+            with memory.measure(device, measured, "forward", held if step == MEASURED_STEP else {}):
                 out = tm(inputs[rank])
+            if step == MEASURED_STEP:
+                saved = _saved_tensors(out)
             ref_outs = [reference(x) for x in inputs]
             cotangents = [
                 torch.randn(o.shape, generator=_generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
@@ -316,11 +335,36 @@ def drive(cell: Cell) -> CellRun:
         reloaded=_gather(tm, shapes),
         loaded={n: t.cpu() for n, t in loaded.items()},
         memory=peaks,
+        held=held,
+        saved=saved,
         eager_memory=eager_peaks,
         retained=retained,
         backend=dist.get_backend(),
         timings=timings,
     )
+
+
+def _transforms(cell: Cell, device: torch.device) -> list[Any]:
+    """The cell's transforms beside sharding: the reference offloading transform, to the CPU."""
+    policy = POLICIES[cell.offload]
+    if policy is None:
+        return []
+    from transforms.offload import OffloadTransform
+
+    return [OffloadTransform(policy, source=device, destination="cpu")]
+
+
+def _saved_tensors(out: torch.Tensor) -> list[SavedTensor | None] | None:
+    """The tensors Thunder's autograd node holds for backward (None: no such node)."""
+    from transforms.offload import is_offloaded
+
+    node = out.grad_fn
+    if node is None or not hasattr(node, "saved_tensors"):
+        return None
+    return [
+        SavedTensor(is_offloaded(t), str(t.device), t.untyped_storage().nbytes()) if t is not None else None
+        for t in node.saved_tensors
+    ]
 
 
 def _measure_eager(
@@ -361,6 +405,6 @@ def run_cell(axes: dict[str, Any]) -> dict[str, Any]:
         found = materialization.reset_error(cell, None)
         return {"checks": {"materialization": found.as_dict()}, "timings": run.timings}
     return {
-        "checks": {area: check(run).as_dict() for area, check in CHECKS.items()},
+        "checks": {area: check(run).as_dict() for area, check in CHECKS.items() if applies(cell, area)},
         "timings": run.timings,
     }

@@ -23,8 +23,8 @@ Bounds:
   the unsharded tensor, its padded copy and the shard cut from it), plus SLACK_BYTES: the
   whole model is never allocated on one rank;
 - under real init, the setup peak stays within ESTIMATE_FACTOR of the model's arithmetic
-  (``setup_estimate``: the model built at the default dtype and converted, then every shard
-  cut while the originals are referenced) plus SLACK_BYTES;
+  (``setup_estimate``: eager PyTorch's construction peak, then every shard cut from a padded
+  copy and cloned while the originals live) plus SLACK_BYTES;
 - the measured forward and backward peaks stay within ESTIMATE_FACTOR of the estimate plus
   SLACK_BYTES; on gloo the backward may also hold the full gradient of every reduce-scatter
   in flight (gloo reduce-scatters by all-reducing a full-size clone).
@@ -33,7 +33,9 @@ Bounds:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
+import time
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -45,6 +47,7 @@ from torch.utils._pytree import tree_flatten
 
 from conformance.collectives import collective_symbols, distinct_storages, padded_bytes
 from conformance.findings import Findings
+from transforms.policies import proxy_bytes
 
 if TYPE_CHECKING:
     from conformance.execute import CellRun
@@ -93,8 +96,13 @@ class _StorageTracker(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def measure(device: torch.device, into: dict[str, int], phase: str) -> Iterator[None]:
-    """Record into ``into[phase]`` the peak bytes allocated on ``device`` during the block."""
+def measure(
+    device: torch.device, into: dict[str, int], phase: str, held: dict[str, int] | None = None
+) -> Iterator[None]:
+    """Record into ``into[phase]`` the peak bytes allocated on ``device`` during the block,
+    and into ``held[phase]`` those of its allocations still alive at its end."""
+    settle = held is not None
+    held = {} if held is None else held
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
@@ -102,10 +110,23 @@ def measure(device: torch.device, into: dict[str, int], phase: str) -> Iterator[
         yield
         torch.cuda.synchronize(device)
         into[phase] = torch.cuda.max_memory_allocated(device) - base
+        held[phase] = torch.cuda.memory_allocated(device) - base
         return
     with _StorageTracker(device) as tracker:
         yield
-    into[phase] = tracker.peak
+        if settle:
+            _settle(tracker)
+    into[phase], held[phase] = tracker.peak, tracker.live
+
+
+def _settle(tracker: _StorageTracker, step_s: float = 0.002, tries: int = 25) -> None:
+    """Wait until the tracker's live bytes stop changing: gloo's worker threads let go of a
+    finished collective's buffers a moment after ``wait()`` has returned."""
+    for _ in range(tries):
+        before = tracker.live
+        time.sleep(step_s)
+        if tracker.live == before:
+            return
 
 
 def census(device: torch.device, exclude: set[int]) -> int:
@@ -140,25 +161,27 @@ _ALIASES = {
 }  # fmt: skip
 
 
-def _proxy_bytes(p: Any) -> int:
-    numel = 1
-    for d in p.shape:
-        numel *= d
-    return numel * p.dtype.bytes
+@dataclasses.dataclass
+class _Lifetime:
+    nbytes: int
+    born: int
+    last: int
+    device: str
+    from_input: bool  # unpacked from the trace's arguments: allocated before it ran
 
 
-def estimated_peak(trace: Any) -> int:
-    """Peak of live bytes among tensors the trace produces, from its data flow alone."""
+def _lifetimes(trace: Any) -> tuple[dict[str, _Lifetime], int]:
+    """Every storage the trace's tensors live in (named by the proxy that owns it), from its
+    producer to its last consumer (``end`` if returned), and ``end``."""
     from thunder.core.prims import PrimIDs
     from thunder.core.proxies import FutureTensorProxy, TensorProxy
 
     def tensors(xs: Any) -> list[Any]:
         return [x for x in xs if isinstance(x, (TensorProxy, FutureTensorProxy))]
 
+    unpacks = {v for k, v in PrimIDs.__members__.items() if k.startswith("UNPACK")}
     root: dict[str, str] = {}  # proxy name -> name of the proxy that owns its storage
-    size: dict[str, int] = {}
-    born: dict[str, int] = {}
-    last: dict[str, int] = {}
+    lives: dict[str, _Lifetime] = {}
     bsyms = [b for b in trace.bound_symbols if b.sym.id not in (PrimIDs.DEL,)]
     end = len(bsyms)
     for i, bsym in enumerate(bsyms):
@@ -166,7 +189,8 @@ def estimated_peak(trace: Any) -> int:
         for a in args:
             owner = root.get(a.name)
             if owner is not None:
-                last[owner] = end if bsym.sym.id == PrimIDs.RETURN else max(last[owner], i)
+                life = lives[owner]
+                life.last = end if bsym.sym.id == PrimIDs.RETURN else max(life.last, i)
         if bsym.sym.id == PrimIDs.RETURN:
             continue
         aliasing = bsym.sym.name in _ALIASES and args and args[0].name in root
@@ -177,17 +201,41 @@ def estimated_peak(trace: Any) -> int:
                 root[out.name] = root[args[0].name]
             else:
                 root[out.name] = out.name
-                size[out.name] = _proxy_bytes(out)
-                born[out.name] = last[out.name] = i
+                lives[out.name] = _Lifetime(proxy_bytes(out), i, i, str(out.device), bsym.sym.id in unpacks)
+    return lives, end
+
+
+def estimated_peak(trace: Any, device: torch.device | None = None) -> int:
+    """Peak of live bytes among tensors the trace produces (on ``device``, if given), from
+    its data flow alone."""
+    lives, end = _lifetimes(trace)
     events = [0] * (end + 2)
-    for name, nbytes in size.items():
-        events[born[name]] += nbytes
-        events[last[name] + 1] -= nbytes
+    for life in lives.values():
+        if device is None or life.device == _thunder_device(device):
+            events[life.born] += life.nbytes
+            events[life.last + 1] -= life.nbytes
     live = peak = 0
     for delta in events:
         live += delta
         peak = max(peak, live)
     return peak
+
+
+def estimated_held(trace: Any, device: torch.device) -> int:
+    """Bytes on ``device`` the trace allocates and returns (a forward's outputs and what it
+    saves for backward): what stays allocated between forward and backward."""
+    lives, end = _lifetimes(trace)
+    return sum(
+        life.nbytes
+        for life in lives.values()
+        if life.last == end and not life.from_input and life.device == _thunder_device(device)
+    )
+
+
+def _thunder_device(device: torch.device) -> str:
+    from thunder.core.devices import to_device
+
+    return str(to_device(device))
 
 
 # -- bounds and the check -----------------------------------------------------------------
@@ -218,14 +266,15 @@ def _tensor_bytes(module: nn.Module) -> list[int]:
 def setup_estimate(run: CellRun) -> int:
     """The peak of setup by the model's arithmetic, for the cell's init mode.
 
-    Real init builds the whole model at the default dtype, converts it tensor by tensor to
-    the cell's dtype, then cuts every shard from a padded copy while the originals are
-    still referenced. Meta init materializes one module's tensors at a time, pads a copy of
-    each to cut its shard from, and keeps only the shards; from a transformed (already
-    sharded) state dict only shards are made.
+    Real init builds the whole model as eager PyTorch does (its peak measured when the kit
+    built the reference: construction is the user's code, not Thunder's), then shards one
+    parameter at a time: cut from a padded copy and cloned, the originals released at the
+    end. Meta init
+    materializes one module's tensors at a time, pads a copy of each to cut its shard from,
+    and keeps only the shards; from a transformed (already sharded) state dict only shards
+    are made.
     """
     from conformance.cells import plan
-    from fixtures.models import fixture_for
 
     world = run.cell.world_size
     reference = run.reference
@@ -235,13 +284,17 @@ def setup_estimate(run: CellRun) -> int:
         if plan(run.cell)[0] == "transformed":
             return held
         return held + 2 * largest_module_bytes(reference, world)
-    with torch.device("meta"):
-        built = _tensor_bytes(fixture_for(run.cell.model, run.cell.spec).build(run.cell.tie == "tied"))
     converted = _tensor_bytes(reference)
-    conversion = sum(built) + (max(converted) if sum(built) != sum(converted) else 0)
-    largest_padded = max(padded_bytes(p, world) for p in distinct_storages(reference).values())
-    sharding = sum(converted) + shard_bytes(reference, world) + largest_padded
-    return max(conversion, sharding)
+    # then parameter by parameter: a padded copy (where dim 0 needs padding) to cut the shard
+    # from, the shard cloned into the new parameter; the originals are released once all
+    # shards are cut (FSDP walks a list that holds them)
+    live = sharding = sum(converted)
+    for p in distinct_storages(reference).values():
+        whole, padded = p.numel() * p.element_size(), padded_bytes(p, world)
+        piece = padded // world
+        sharding = max(sharding, live + (padded if padded != whole else 0) + piece, live + 2 * piece)
+        live += piece
+    return max(run.eager_memory["setup"], sharding)
 
 
 def check(run: CellRun) -> Findings:
@@ -283,7 +336,7 @@ def check(run: CellRun) -> Findings:
         "backward": thunder.last_backward_traces(run.thunder_module)[-1],
     }
     for phase, trace in traces.items():
-        estimate = estimated_peak(trace)
+        estimate = estimated_peak(trace, run.device)
         bound = int(ESTIMATE_FACTOR * estimate) + SLACK_BYTES
         if phase == "backward" and run.backend == "gloo":
             reduce_scatters = len(collective_symbols(trace)["reduce_scatter"])

@@ -1,0 +1,119 @@
+"""Offloading: what the reference offloading transform (transforms/offload.py) promises,
+checked on Thunder's final traces and on what autograd holds between forward and backward.
+
+- selection: the saved tensors the policy selects, and only those, are held offloaded (in
+  storages the transform created; on the destination device where it is not the source).
+  The selection expected is the policy applied to the intermediates the forward would save
+  without offloading, rebuilt from the final trace (each offload's input in place of its copy);
+- forward placement: every offload comes after the last forward use of its tensor, and the
+  forward saves the copy instead of the original;
+- backward placement: every copy is loaded in the backward before the loaded tensor's first
+  use, and nothing but its load reads the copy;
+- residency: between forward and backward a rank holds on its device at most what the final
+  forward trace returns there (outputs, saved tensors not offloaded; on CPU to CPU the copies
+  too) plus SLACK_BYTES. Where the destination is another device this is the forward's
+  saving: offloaded bytes less than the same trace without offloading.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from conformance import memory
+from conformance.findings import Findings
+from fixtures.offloads import POLICIES
+
+if TYPE_CHECKING:
+    from conformance.execute import CellRun
+
+SHOWN = 5  # names listed in a failure
+
+
+def _names(names: set[str]) -> str:
+    shown = sorted(names)[:SHOWN]
+    return ", ".join(shown) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+
+
+def _readers(trace: Any, name: str, ignore: set[Any]) -> list[tuple[int, Any]]:
+    return [
+        (i, b)
+        for i, b in enumerate(trace.bound_symbols)
+        if b.sym.id not in ignore and any(getattr(a, "name", None) == name for a in b.flat_proxy_args)
+    ]
+
+
+def check(run: CellRun) -> Findings:
+    import thunder
+    from thunder.core.prims import PrimIDs
+    from thunder.core.vjp_utils import get_saved_for_backward_tensors
+    from thunder.executors.pythonex import clear_mutable_collection
+
+    from transforms.offload import load, offload, saved_intermediates
+
+    found = Findings()
+    policy = POLICIES[run.cell.offload]
+    forward = thunder.last_traces(run.thunder_module)[-1]
+    backward = thunder.last_backward_traces(run.thunder_module)[-1]
+    offloads = {b.output.name: (i, b) for i, b in enumerate(forward.bound_symbols) if b.sym.id == offload.id}
+    final_saved = get_saved_for_backward_tensors(forward)
+    saved = [offloads[t.name][1].args[0] if t is not None and t.name in offloads else t for t in final_saved]
+    candidates = saved_intermediates(forward, saved, run.device)
+    expected = {t.name for t in policy.select(candidates, forward)}
+
+    with found.expect("saved tensors offloaded"):
+        assert run.saved is not None, "the output has no autograd node holding saved tensors"
+        assert len(run.saved) == len(saved), (
+            f"autograd holds {len(run.saved)} saved tensors, the forward trace saves {len(saved)}"
+        )
+        actual = {t.name for t, held in zip(saved, run.saved, strict=True) if held is not None and held.offloaded}
+        found.metrics["offloaded"] = {
+            "candidates": len(candidates),
+            "expected": len(expected),
+            "actual": len(actual),
+            "bytes": sum(h.nbytes for h in run.saved if h is not None and h.offloaded),
+        }
+        assert actual == expected, (
+            f"policy {run.cell.offload} selects {len(expected)} of {len(candidates)} saved intermediates; "
+            f"between forward and backward {len(actual)} are offloaded "
+            f"(not offloaded: {_names(expected - actual) or '-'}; "
+            f"offloaded unasked: {_names(actual - expected) or '-'})"
+        )
+        pairs = zip(saved, run.saved, strict=True)
+        on_source = {t.name for t, held in pairs if held is not None and held.device == str(run.device)}
+        if str(run.device) != "cpu":  # the destination is the CPU: offloaded tensors must have left
+            assert not (actual & on_source), f"offloaded tensors still on {run.device}: {_names(actual & on_source)}"
+
+    with found.expect("offload after the last forward use"):
+        saved_names = {t.name for t in final_saved if t is not None}
+        for copy, (at, bsym) in offloads.items():
+            original = bsym.args[0].name
+            later = _readers(forward, original, {PrimIDs.DEL, PrimIDs.RETURN})
+            late = [f"{b.sym.name} (line {i})" for i, b in later if i > at]
+            assert not late, f"{original} is offloaded at bound symbol {at} but read afterwards by {', '.join(late)}"
+            assert original not in saved_names, f"the forward saves {original} beside its offloaded copy {copy}"
+
+    with found.expect("load before the first backward use"):
+        loads = {b.args[0].name: (i, b) for i, b in enumerate(backward.bound_symbols) if b.sym.id == load.id}
+        never = set(offloads) - set(loads)
+        assert not never, f"offloaded in the forward but never loaded in the backward: {_names(never)}"
+        distances = []
+        for copy, (at, bsym) in loads.items():
+            direct = _readers(backward, copy, {PrimIDs.DEL, clear_mutable_collection.id, load.id})
+            assert not direct, f"{direct[0][1].sym.name} (line {direct[0][0]}) reads the offloaded {copy} itself"
+            users = _readers(backward, bsym.output.name, {PrimIDs.DEL, clear_mutable_collection.id})
+            assert users, f"{bsym.output.name} is loaded but never used"
+            first = users[0][0]
+            assert first > at, f"{bsym.output.name} is used at line {first} before its load at line {at}"
+            distances.append(first - at)
+        found.metrics["load distance"] = {"max": max(distances, default=0), "loads": len(loads)}
+
+    with found.expect("held between forward and backward"):
+        estimate = memory.estimated_held(forward, run.device)
+        held = run.held["forward"]
+        bound = estimate + memory.SLACK_BYTES
+        found.metrics["held after forward"] = {"measured": held, "estimate": estimate, "bound": bound}
+        assert held <= bound, (
+            f"after the forward {held} bytes it allocated are alive on {run.device}; the trace returns "
+            f"{estimate} there (outputs and saved tensors): offloaded originals were kept"
+        )
+    return found

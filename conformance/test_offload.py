@@ -1,0 +1,10 @@
+"""Offloading: the reference transform's selection, its placement in Thunder's forward and
+backward traces, and what a rank holds between them (see conformance/offload.py)."""
+
+from conformance.cells import Cell
+
+AREA = "offload"
+
+
+def test_offload(conformance, cell: Cell) -> None:
+    conformance.expect(cell, AREA)
