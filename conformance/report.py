@@ -121,7 +121,7 @@ def summary(report: dict[str, Any], repro: Any) -> str:
         lines.append("| " + " | ".join([*varying, *areas]) + " |")
         lines.append("|" + "---|" * (len(varying) + len(areas)))
         for row in by_cell.values():
-            marks = [MARKS.get(row.get(a, ""), "") for a in areas]
+            marks = [MARKS.get(row.get(a, ""), "–") for a in areas]
             lines.append("| " + " | ".join([*(str(row["axes"][a]) for a in varying), *marks]) + " |")
         lines.append("")
     lines += [f"Profile **{report['profile']}**; cells per axis value:", ""]

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conformance.cells import AREAS, AXES, applies, axis_values, cells
+from fixtures.offloads import POLICIES
 from tests.suite import ROOT, SuiteRun, run_suite
 
 
@@ -76,6 +77,7 @@ def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
     assert env["backend"] == "gloo" and env["world_size"] == 2
     assert env["thunder"] and env["torch"]
     assert suite.report["worlds_started"] == 1, "one healthy world must serve every cell"
+    offloading: collections.Counter[str] = collections.Counter()  # policy -> most tensors one cell offloaded
     for cell in suite.report["cells"]:
         if "generated" in cell["id"]:  # examples of generated models are not cells of the matrix
             continue
@@ -89,10 +91,15 @@ def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
         if cell["area"] == "collectives":
             fwd = metrics["forward all_gathers"]
             assert fwd["expected"] == fwd["actual"] > 0
+        if cell["area"] == "offload":
+            assert metrics["offloaded"]["expected"] == metrics["offloaded"]["actual"]
+            policy = cell["axes"]["offload"]
+            offloading[policy] = max(offloading[policy], metrics["offloaded"]["actual"])
         if cell["area"] == "memory":
             for phase in ("setup", "forward", "backward"):
                 peak = metrics[f"{phase} peak"]
                 assert 0 < peak["measured"] <= peak["bound"] and peak["estimate"] > 0, (cell["id"], phase, peak)
+    assert set(offloading) == set(POLICIES) - {"none"} and all(offloading.values()), offloading
 
 
 def test_summary_shows_every_cell(suite: SuiteRun) -> None:

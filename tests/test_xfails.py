@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from conformance.cells import cells
 from tests.plant import ENV
 from tests.suite import run_suite
 
-TIED_CELL = "tied_lm-meta_module_init-jit_fsdp-tied-none-zero2-none-float32-ws2"
+TIED_CELL = next(c.id for c in cells("smoke", 2) if c.model == "tied_lm" and c.tie == "tied")
 
 
 def _xfails(tmp_path: Path, failures: list[str]) -> Path:
