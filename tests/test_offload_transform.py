@@ -7,14 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import thunder
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fixtures.offloads import POLICIES
 from transforms import policies
-
-thunder = pytest.importorskip("thunder")
 
 
 class Net(torch.nn.Module):
