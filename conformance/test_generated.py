@@ -15,6 +15,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 from conformance.cells import Cell
+from fixtures.offloads import POLICIES
 from fixtures.strategies import model_specs
 
 
@@ -22,13 +23,15 @@ from fixtures.strategies import model_specs
     spec=model_specs(),
     init=st.sampled_from(["real", "meta_module_init"]),
     composition=st.sampled_from(["fsdp_jit", "jit_fsdp"]),
+    offload=st.sampled_from(list(POLICIES)),
 )
-def test_generated_model_conforms(conformance, spec: dict, init: str, composition: str) -> None:
+def test_generated_model_conforms(conformance, spec: dict, init: str, composition: str, offload: str) -> None:
     cell = Cell(
         model="generated",
         init=init,
         composition=composition,
         tie="tied" if spec["ties"] else "untied",
+        offload=offload,
         world_size=conformance.runner.nproc,
         spec=json.dumps(spec, sort_keys=True),
     )

@@ -20,6 +20,7 @@ def test_planted_bug_shrinks_to_a_replayable_cell(tmp_path) -> None:
     cell = json.loads(args[args.index("--replay") + 1])
     # shrunk: one layer, one input and one output feature is the smallest model there is
     assert cell["model"] == "generated" and json.loads(cell["spec"])["widths"] == [1, 1]
+    assert cell["offload"] == "none", "shrinking drops the offloading transform too"
 
     # the printed line reruns that cell alone: failing with the bug, passing without it
     again = run_suite(tmp_path / "again", *args[4:], paths=(args[3],), env={ENV: "gradients_not_averaged"}, plant=True)
