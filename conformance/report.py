@@ -15,6 +15,7 @@ import pytest
 
 from conformance import environment
 from conformance.cells import AXES, coverage
+from conformance.figures import memory_figure
 from conformance.plugin import is_unsupported, plain_nodeid
 
 if TYPE_CHECKING:
@@ -90,10 +91,11 @@ class Reporter:
             "cells": records,
         }
         (self.dir / "report.json").write_text(json.dumps(report, indent=2))
-        (self.dir / "summary.md").write_text(summary(report, self.runner.repro))
+        figure = "memory.png" if memory_figure(report, self.dir / "memory.png") else None
+        (self.dir / "summary.md").write_text(summary(report, self.runner.repro, figure))
 
 
-def summary(report: dict[str, Any], repro: Any) -> str:
+def summary(report: dict[str, Any], repro: Any, figure: str | None = None) -> str:
     env = report["environment"]
     cells = [c for c in report["cells"] if "axes" in c]
     by_cell: dict[str, dict[str, Any]] = {}
@@ -140,6 +142,8 @@ def summary(report: dict[str, Any], repro: Any) -> str:
     if ratios:
         lines += ["## Memory: highest measured / estimated peaks", "", "| ratio | phase | cell |", "|---|---|---|"]
         lines += [f"| {r:.2f} | {key.split()[0]} | `{cell}` |" for r, cell, key in sorted(ratios, reverse=True)[:8]]
+        if figure:
+            lines += ["", f"![measured against estimated memory]({figure})"]
         lines.append("")
     failed = [c for c in report["cells"] if c["outcome"] in ("failed", "error")]
     if failed:

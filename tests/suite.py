@@ -22,6 +22,7 @@ class SuiteRun:
     jsonl: list[dict[str, Any]]
     summary: str
     junit: ET.Element
+    report_dir: Path
 
     def outcomes(self, area: str) -> dict[str, str]:
         """cell id -> outcome, for the items of one check area."""
@@ -68,4 +69,5 @@ def run_suite(
         jsonl=[json.loads(line) for line in (report_dir / "report.jsonl").read_text().splitlines()],
         summary=(report_dir / "summary.md").read_text(),
         junit=ET.parse(junit).getroot(),
+        report_dir=report_dir,
     )

@@ -108,6 +108,8 @@ def test_summary_shows_every_cell(suite: SuiteRun) -> None:
     table = lines[header + 2 : lines.index("", header)]
     assert len(table) == len(cells("ci", 2))
     assert "## Memory: highest measured / estimated peaks" in suite.summary
+    assert "![measured against estimated memory](memory.png)" in suite.summary
+    assert (suite.report_dir / "memory.png").read_bytes().startswith(b"\x89PNG")
     assert f"{suite.report['counts']['passed']} passed" in suite.summary
     assert "## Known non-conformances" in suite.summary
 
