@@ -268,7 +268,7 @@ def drive(cell: Cell) -> CellRun:
             began = time.perf_counter()
             inputs = [fixture.make_input(_generator(step, r), dtype).to(device) for r in range(world)]
             measured = peaks if step == MEASURED_STEP else {}
-            with memory.measure(device, measured, "forward", held if step == MEASURED_STEP else {}):
+            with memory.measure(device, measured, "forward", held if step == MEASURED_STEP else None):
                 out = tm(inputs[rank])
             if step == MEASURED_STEP:
                 saved = _saved_tensors(out)

@@ -257,40 +257,31 @@ def largest_module_bytes(module: nn.Module, world_size: int) -> int:
     )
 
 
-def _tensor_bytes(module: nn.Module) -> list[int]:
-    """Bytes of each distinct parameter storage and each buffer of ``module``."""
-    params = [p.numel() * p.element_size() for p in distinct_storages(module).values()]
-    return params + [b.numel() * b.element_size() for b in module.buffers()]
-
-
-def setup_estimate(run: CellRun) -> int:
+def setup_estimate(run: CellRun, held: int) -> int:
     """The peak of setup by the model's arithmetic, for the cell's init mode.
 
     Real init builds the whole model as eager PyTorch does (its peak measured when the kit
     built the reference: construction is the user's code, not Thunder's), then shards one
     parameter at a time: cut from a padded copy and cloned, the originals released at the
-    end. Meta init
-    materializes one module's tensors at a time, pads a copy of each to cut its shard from,
-    and keeps only the shards; from a transformed (already sharded) state dict only shards
-    are made.
+    end. Meta init materializes one module's tensors at a time, pads a copy of each to cut
+    its shard from, and keeps only the shards (``held`` in the end: shards and buffers); from
+    a transformed (already sharded) state dict only shards are made.
     """
     from conformance.cells import plan
 
     world = run.cell.world_size
     reference = run.reference
-    buffers = sum(b.numel() * b.element_size() for b in reference.buffers())
-    held = shard_bytes(reference, world) + buffers
     if run.init.on_meta:
         if plan(run.cell)[0] == "transformed":
             return held
         return held + 2 * largest_module_bytes(reference, world)
-    converted = _tensor_bytes(reference)
     # then parameter by parameter: a padded copy (where dim 0 needs padding) to cut the shard
     # from, the shard cloned into the new parameter; the originals are released once all
     # shards are cut (FSDP walks a list that holds them)
-    live = sharding = sum(converted)
-    for p in distinct_storages(reference).values():
-        whole, padded = p.numel() * p.element_size(), padded_bytes(p, world)
+    params = distinct_storages(reference).values()
+    live = sharding = sum(p.nbytes for p in params) + sum(b.nbytes for b in reference.buffers())
+    for p in params:
+        whole, padded = p.nbytes, padded_bytes(p, world)
         piece = padded // world
         sharding = max(sharding, live + (padded if padded != whole else 0) + piece, live + 2 * piece)
         live += piece
@@ -303,7 +294,7 @@ def check(run: CellRun) -> Findings:
     found = Findings()
     cell, reference, measured = run.cell, run.reference, run.memory
     world = cell.world_size
-    buffers = sum(b.numel() * b.element_size() for b in run.reference_buffers.values())
+    buffers = sum(b.nbytes for b in run.reference_buffers.values())
     held = shard_bytes(reference, world) + buffers
     found.metrics["measured"] = dict(measured)
     found.metrics["eager"] = dict(run.eager_memory)  # unsharded eager model, same input: for comparison
@@ -314,7 +305,7 @@ def check(run: CellRun) -> Findings:
             f"{run.retained} bytes alive after setup, but a rank should hold only its shards and buffers "
             f"({held} bytes): unsharded originals or copies were kept"
         )
-    estimate = setup_estimate(run)
+    estimate = setup_estimate(run, held)
     if run.init.on_meta:
         bound = held + MATERIALIZATION_COPIES * largest_module_bytes(reference, world) + SLACK_BYTES
     else:
@@ -340,9 +331,8 @@ def check(run: CellRun) -> Findings:
         bound = int(ESTIMATE_FACTOR * estimate) + SLACK_BYTES
         if phase == "backward" and run.backend == "gloo":
             reduce_scatters = len(collective_symbols(trace)["reduce_scatter"])
-            bound += reduce_scatters and sum(
-                p.numel() * p.element_size() for p in distinct_storages(reference, trainable_only=True).values()
-            )
+            trainable = distinct_storages(reference, trainable_only=True).values()
+            bound += reduce_scatters and sum(p.nbytes for p in trainable)
         found.metrics[f"{phase} peak"] = {
             "measured": measured[phase],
             "estimate": estimate,

@@ -42,10 +42,21 @@ def _readers(trace: Any, name: str, ignore: set[Any]) -> list[tuple[int, Any]]:
     ]
 
 
+def saved_without_offloading(forward: Any) -> tuple[list[Any], list[Any]]:
+    """(what the final forward trace saves for backward, the same with each offloaded copy
+    replaced by the tensor it was copied from: what the forward would save without offloading)."""
+    from thunder.core.vjp_utils import get_saved_for_backward_tensors
+
+    from transforms.offload import offload
+
+    original_of = {b.output.name: b.args[0] for b in forward.bound_symbols if b.sym.id == offload.id}
+    final = list(get_saved_for_backward_tensors(forward))
+    return final, [original_of.get(t.name, t) if t is not None else None for t in final]
+
+
 def check(run: CellRun) -> Findings:
     import thunder
     from thunder.core.prims import PrimIDs
-    from thunder.core.vjp_utils import get_saved_for_backward_tensors
     from thunder.executors.pythonex import clear_mutable_collection
 
     from transforms.offload import load, offload, saved_intermediates
@@ -55,8 +66,7 @@ def check(run: CellRun) -> Findings:
     forward = thunder.last_traces(run.thunder_module)[-1]
     backward = thunder.last_backward_traces(run.thunder_module)[-1]
     offloads = {b.output.name: (i, b) for i, b in enumerate(forward.bound_symbols) if b.sym.id == offload.id}
-    final_saved = get_saved_for_backward_tensors(forward)
-    saved = [offloads[t.name][1].args[0] if t is not None and t.name in offloads else t for t in final_saved]
+    final_saved, saved = saved_without_offloading(forward)
     candidates = saved_intermediates(forward, saved, run.device)
     expected = {t.name for t in policy.select(candidates, forward)}
 
@@ -78,9 +88,9 @@ def check(run: CellRun) -> Findings:
             f"(not offloaded: {_names(expected - actual) or '-'}; "
             f"offloaded unasked: {_names(actual - expected) or '-'})"
         )
-        pairs = zip(saved, run.saved, strict=True)
-        on_source = {t.name for t, held in pairs if held is not None and held.device == str(run.device)}
         if str(run.device) != "cpu":  # the destination is the CPU: offloaded tensors must have left
+            pairs = zip(saved, run.saved, strict=True)
+            on_source = {t.name for t, held in pairs if held is not None and held.device == str(run.device)}
             assert not (actual & on_source), f"offloaded tensors still on {run.device}: {_names(actual & on_source)}"
 
     with found.expect("offload after the last forward use"):

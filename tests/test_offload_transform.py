@@ -43,8 +43,7 @@ def _run(policy: policies.Policy | None) -> tuple[object, torch.Tensor, list[tor
 
 @pytest.mark.parametrize("name", [n for n in POLICIES if n != "none"])
 def test_offloads_what_the_policy_selects_and_changes_no_number(name: str) -> None:
-    from thunder.core.vjp_utils import get_saved_for_backward_tensors
-
+    from conformance.offload import saved_without_offloading
     from transforms.offload import is_offloaded, load, offload, saved_intermediates
 
     _, plain_out, plain_grads, _ = _run(None)
@@ -55,8 +54,8 @@ def test_offloads_what_the_policy_selects_and_changes_no_number(name: str) -> No
 
     forward = thunder.last_traces(jitted)[-1]
     backward = thunder.last_backward_traces(jitted)[-1]
-    copies = {b.output.name: b.args[0] for b in forward.bound_symbols if b.sym.id == offload.id}
-    original = [copies.get(t.name, t) for t in get_saved_for_backward_tensors(forward)]
+    copies = {b.output.name for b in forward.bound_symbols if b.sym.id == offload.id}
+    _, original = saved_without_offloading(forward)
     selected = POLICIES[name].select(saved_intermediates(forward, original, torch.device("cpu")), forward)
     assert selected, f"policy {name} selects nothing on the test model: the test would prove nothing"
     assert {t.name for t in selected} == {

@@ -81,8 +81,6 @@ load = executor.register_operator(
     fn=_load_impl,
 )
 
-_NOT_MOVABLE = {prims.PrimIDs.DEL, prims.PrimIDs.RETURN, clear_mutable_collection.id}
-
 
 def saved_intermediates(trace: TraceCtx, saved: Sequence[TensorProxy], source: torch.device) -> list[TensorProxy]:
     """Offload candidates: tensors in ``saved`` (a forward trace's saved-for-backward, in
@@ -182,7 +180,7 @@ def _sink(bsyms: list[BoundSymbol], floating: list[BoundSymbol]) -> list[BoundSy
     made = {o.name for b in floating for o in b.flat_proxy_outs}
     for b in kept:
         args = [a.name for a in b.flat_proxy_args if isinstance(a, TensorProxy)]
-        if b.sym.id not in _NOT_MOVABLE and args and all(a in made for a in args):
+        if b.sym.id != prims.PrimIDs.RETURN and args and all(a in made for a in args):
             movable.add(id(b))
             made.update(o.name for o in b.flat_proxy_outs)
     maker = {o.name: b for b in (*floating, *kept) if id(b) in movable for o in b.flat_proxy_outs}
