@@ -1,1 +1,1 @@
-pytest_plugins = ["conformance.plugin"]
+pytest_plugins = ["conformance.frontend.plugin"]

@@ -1,7 +1,7 @@
 """Collectives: all-gathers, reduce-scatters and all-reduces in the final forward and backward
-traces match what the model's storages imply (see conformance/collectives.py)."""
+traces match what the model's storages imply (see conformance/checks/collectives.py)."""
 
-from conformance.cells import Cell
+from conformance.matrix.cells import Cell
 
 AREA = "collectives"
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from conformance.cells import Cell
+from conformance.matrix.cells import Cell
 from fixtures.offloads import POLICIES
 from fixtures.strategies import model_specs
 
@@ -40,5 +40,5 @@ def test_generated_model_conforms(conformance, spec: dict, init: str, compositio
 
 
 def test_replay(conformance, request: pytest.FixtureRequest) -> None:
-    """Collected only with --replay (see conformance/plugin.py)."""
+    """Collected only with --replay (see conformance/frontend/plugin.py)."""
     conformance.expect_all(Cell(**json.loads(request.config.getoption("replay"))))

@@ -1,7 +1,7 @@
 """Memory: per-phase peaks and what stays alive after setup, against bounds derived from the
-model and an estimate from the traces' data flow (see conformance/memory.py)."""
+model and an estimate from the traces' data flow (see conformance/checks/memory.py)."""
 
-from conformance.cells import Cell
+from conformance.matrix.cells import Cell
 
 AREA = "memory"
 

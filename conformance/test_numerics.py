@@ -1,7 +1,7 @@
 """Numerics: outputs, full gradients and parameters after a few optimizer steps equal eager
-PyTorch within the dtype's tolerance (see conformance/numerics.py for what is compared)."""
+PyTorch within the dtype's tolerance (see conformance/checks/numerics.py for what is compared)."""
 
-from conformance.cells import Cell
+from conformance.matrix.cells import Cell
 
 AREA = "numerics"
 

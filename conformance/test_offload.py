@@ -1,7 +1,7 @@
 """Offloading: the reference transform's selection, its placement in Thunder's forward and
-backward traces, and what a rank holds between them (see conformance/offload.py)."""
+backward traces, and what a rank holds between them (see conformance/checks/offload.py)."""
 
-from conformance.cells import Cell
+from conformance.matrix.cells import Cell
 
 AREA = "offload"
 

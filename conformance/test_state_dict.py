@@ -1,7 +1,7 @@
 """State dicts: original_state_dict() holds exactly what the shards hold, under the eager
-model's keys, and load_original_state_dict() round-trips (see conformance/state_dict.py)."""
+model's keys, and load_original_state_dict() round-trips (see conformance/checks/state_dict.py)."""
 
-from conformance.cells import Cell
+from conformance.matrix.cells import Cell
 
 AREA = "state_dict"
 

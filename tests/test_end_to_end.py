@@ -9,9 +9,13 @@ import sys
 
 import pytest
 
-from conformance.cells import AREAS, AXES, applies, axis_values, cells
+from conformance.checks.registry import AREAS, applies
+from conformance.matrix.cells import AXES
+from conformance.matrix.profiles import axis_values, cells
 from fixtures.offloads import POLICIES
-from tests.suite import ROOT, SuiteRun, run_suite
+from tests.suite_runs import ROOT, SuiteRun, run_suite
+
+pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 
 
 @pytest.fixture(scope="module")

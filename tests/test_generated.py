@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 import shlex
 
-from tests.plant import ENV
-from tests.suite import run_suite
+import pytest
+
+from tests.plant_plugin import ENV
+from tests.suite_runs import run_suite
+
+pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 
 
 def test_planted_bug_shrinks_to_a_replayable_cell(tmp_path) -> None:

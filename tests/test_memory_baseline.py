@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
-from tests.suite import run_suite
+import pytest
+
+from tests.suite_runs import run_suite
+
+pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 
 # The tied_lm cell: its peaks repeat to the byte across runs. The mlp cell's forward peak does
 # not (2064, 2912 or 3024 bytes seen): gloo's async work objects release all-gather buffers

@@ -43,7 +43,7 @@ def _run(policy: policies.Policy | None) -> tuple[object, torch.Tensor, list[tor
 
 @pytest.mark.parametrize("name", [n for n in POLICIES if n != "none"])
 def test_offloads_what_the_policy_selects_and_changes_no_number(name: str) -> None:
-    from conformance.offload import saved_without_offloading
+    from conformance.checks.offload import saved_without_offloading
     from transforms.offload import is_offloaded, load, offload, saved_intermediates
 
     _, plain_out, plain_grads, _ = _run(None)

@@ -1,4 +1,4 @@
-"""Every check is shown to fail: a bug planted in Thunder inside the ranks (tests/planted.py)
+"""Every check is shown to fail: a bug planted in Thunder inside the ranks (tests/planted_bugs.py)
 makes the suite fail on exactly the cells and check areas it should, saying why.
 
 The suite runs its smoke profile here (one cell per kind of check); expectations are
@@ -12,10 +12,13 @@ from collections.abc import Callable
 
 import pytest
 
-from conformance.cells import Cell, expects_reset_error
+from conformance.matrix.cells import Cell
+from conformance.matrix.plan import expects_reset_error
 from fixtures.inits import INITS
-from tests.plant import ENV
-from tests.suite import run_suite
+from tests.plant_plugin import ENV
+from tests.suite_runs import run_suite
+
+pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 
 Pred = Callable[[Cell], bool]
 ALL: Pred = lambda cell: True  # noqa: E731

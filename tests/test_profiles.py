@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.cells import cells
-from conformance.compose import COMPOSITIONS
+from conformance.matrix.profiles import cells
+from fixtures.compositions import COMPOSITIONS
 from fixtures.inits import INITS
 from fixtures.offloads import POLICIES
 

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cells import cells
-from tests.plant import ENV
-from tests.suite import run_suite
+from conformance.matrix.profiles import cells
+from tests.plant_plugin import ENV
+from tests.suite_runs import run_suite
+
+pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 
 TIED_CELL = next(c.id for c in cells("smoke", 2) if c.model == "tied_lm" and c.tie == "tied")
 
@@ -23,7 +25,7 @@ area = "collectives"
 when = {{ model = ["tied_lm"], tie = ["tied"] }}
 failures = [{quoted}]
 reason = "planted: a tied weight gathered once per name"
-link = "tests/planted.py"
+link = "tests/planted_bugs.py"
 """
     )
     return path
@@ -41,7 +43,7 @@ def test_entry_excuses_only_what_it_names(tmp_path, failures: list[str], outcome
     xfails = _xfails(tmp_path, failures)
     run = run_suite(
         tmp_path,
-        *("--profile", "smoke", "-p", "tests.plant", "--xfails", str(xfails), "-k", "test_collectives"),
+        *("--profile", "smoke", "-p", "tests.plant_plugin", "--xfails", str(xfails), "-k", "test_collectives"),
         env={ENV: "duplicate_tied_all_gather"},
     )
     assert run.outcomes("collectives")[TIED_CELL] == outcome, run.output

@@ -11,14 +11,12 @@ same weights) as eager is, plus the dtype's floor.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from conformance.findings import Findings
-
-if TYPE_CHECKING:
-    from conformance.execute import CellRun
+from conformance.checks.area import Area
+from conformance.checks.findings import Findings
+from conformance.checks.record import CellRecord
+from conformance.checks.storages import tie_groups
 
 # assert_close tolerances per dtype. Sharded reductions sum in another order than eager, and
 # the optimizer steps compound it, so they sit a little above assert_close's defaults.
@@ -29,7 +27,7 @@ TOLERANCES = {
 EAGER_ERROR_FACTOR = 2.0
 
 
-def check(run: CellRun) -> Findings:
+def check(run: CellRecord) -> Findings:
     found = Findings()
     tol = TOLERANCES[run.dtype]
     first = run.first_step
@@ -39,15 +37,15 @@ def check(run: CellRun) -> Findings:
     found.close(
         "gradients", first.grads, first.reference_grads, eager_error(first.reference_grads, first.golden_grads), **tol
     )
-    for optimizer, (full, reference) in run.after.items():
-        per_name = eager_error(reference, run.golden_after.get(optimizer))
-        found.close(f"parameters after {optimizer}", full, reference, per_name, **tol)
+    for optimizer, params in run.after.items():
+        per_name = eager_error(params.reference, params.golden)
+        found.close(f"parameters after {optimizer}", params.thunder, params.reference, per_name, **tol)
 
     # Tied names must resolve to one parameter: one shard, one gradient, one update.
-    for group in _tie_groups(run.reference):
+    for group in tie_groups(run.reference):
         with found.expect(f"tied parameters {group}"):
-            held = {id(run.thunder_module.get_parameter(n)) for n in group}
-            assert len(held) == 1, f"the Thunder module holds {len(held)} distinct tensors for one tied weight"
+            distinct = {id(run.thunder_module.get_parameter(n)) for n in group}
+            assert len(distinct) == 1, f"the Thunder module holds {len(distinct)} distinct tensors for one tied weight"
     return found
 
 
@@ -64,8 +62,4 @@ def eager_error(
     }
 
 
-def _tie_groups(module: torch.nn.Module) -> list[list[str]]:
-    groups: dict[int, list[str]] = {}
-    for name, p in module.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(p), []).append(name)
-    return [names for names in groups.values() if len(names) > 1]
+AREA = Area("numerics", check)

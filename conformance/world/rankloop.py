@@ -1,9 +1,12 @@
-"""The rank side: the loop every process of a world runs (``python -m conformance.worker``).
+"""The rank loop: what every process of a world runs (``python -m conformance.world.rankloop``).
 
-torchrun starts this module once per rank. It joins the process group, greets the
-controller over the control store, then runs tasks in the order the controller numbers them
-until it is told to stop or the controller disappears. A task that raises is reported, not
+torchrun starts this module once per rank. It joins the process group, greets the controller
+over the control store, then runs tasks in the order the controller numbers them until it is
+told to stop or the controller disappears. A task that raises is reported, not
 fatal: the controller decides whether the world is still fit for the next one.
+
+(Not called "worker": pytest-xdist's workers are pytest processes, each the controller of a
+world of its own.)
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from conformance import protocol
+from conformance.world import protocol
 
 # ``store.wait`` with a timeout logs a warning each time it expires, so the loop polls with
 # ``check`` instead: a short sleep keeps the latency well below a cell's cost.

@@ -1,5 +1,5 @@
 """pytest plugin for the kit's own tests: ``-p tests.plant`` with CONFORMANCE_PLANTED_BUG set
-runs the real suite with that bug (from tests/planted.py) planted in every rank."""
+runs the real suite with that bug (from tests/planted_bugs.py) planted in every rank."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from conformance import protocol
-from conformance.plugin import RUNNER
+from conformance.frontend.runner import RUNNER
+from conformance.world import protocol
 
 ENV = "CONFORMANCE_PLANTED_BUG"
 
@@ -17,5 +17,5 @@ ENV = "CONFORMANCE_PLANTED_BUG"
 def pytest_configure(config: pytest.Config) -> None:
     bug = os.environ[ENV]
     config.stash[RUNNER].cell_task = lambda cell: protocol.Task(
-        "tests.planted:run_cell_with_bug", {"bug": bug, "axes": cell.axes()}
+        "tests.planted_bugs:run_cell_with_bug", {"bug": bug, "axes": cell.axes()}
     )

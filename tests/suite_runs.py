@@ -37,7 +37,7 @@ def run_suite(
     plant: bool = False,
     timeout: float = 600,
 ) -> SuiteRun:
-    """Run the suite in a subprocess; ``plant`` loads tests/plant.py (with ENV naming the bug)."""
+    """Run the suite in a subprocess; ``plant`` loads tests/plant_plugin.py (with ENV naming the bug)."""
     report_dir = tmp / "report"
     junit = tmp / "junit.xml"
     proc = subprocess.run(
@@ -46,7 +46,7 @@ def run_suite(
             "-m",
             "pytest",
             *paths,
-            *(["-p", "tests.plant"] if plant else []),
+            *(["-p", "tests.plant_plugin"] if plant else []),
             "-p",
             "no:cacheprovider",
             "-q",

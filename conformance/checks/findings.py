@@ -1,4 +1,6 @@
-"""What a check found on one rank: failures with messages, and the numbers it measured."""
+"""What a check found on one rank (failures with messages, and the numbers it measured), and
+what a rank answers for a whole cell: the findings of every area that applies, or why the
+cell could not be built."""
 
 from __future__ import annotations
 
@@ -51,3 +53,20 @@ class Findings:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class CellResult:
+    """One rank's answer for a cell, sent to the controller as JSON."""
+
+    areas: dict[str, Findings] = dataclasses.field(default_factory=dict)  # area name -> its findings
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds: setup, each step
+    unsupported: str | None = None  # why the Thunder under test cannot build the cell at all
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> CellResult:
+        areas = {name: Findings(**found) for name, found in raw["areas"].items()}
+        return cls(areas=areas, timings=raw["timings"], unsupported=raw["unsupported"])

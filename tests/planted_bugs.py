@@ -287,7 +287,7 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
 
 
 def run_cell_with_bug(bug: str, axes: dict[str, Any]) -> dict[str, Any]:
-    from conformance.execute import run_cell
+    from conformance.rank.entry import run_cell
 
     with BUGS[bug]():
         return run_cell(axes)

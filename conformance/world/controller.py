@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance import protocol
-from conformance.launch import ROOT, LaunchSpec
+from conformance.world import protocol
+from conformance.world.launch import ROOT, LaunchSpec
 
 POLL_S = 0.005
 STACK_WAIT_S = 2.0

@@ -18,7 +18,7 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-from conformance.cells import Cell
+from conformance.matrix.cells import Cell
 
 
 class KnownNonConformance(AssertionError):

@@ -11,9 +11,9 @@ import os
 import sys
 from pathlib import Path
 
-from conformance import protocol
+from conformance.world import protocol
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository: ranks import the kit from here
 
 
 def visible_cuda_devices() -> int:
@@ -66,7 +66,7 @@ class LaunchSpec:
             "--max-restarts=0",
             f"--monitor-interval={self.monitor_interval}",
             "-m",
-            "conformance.worker",
+            "conformance.world.rankloop",
         ]
 
     def environment(self, control: str, world_dir: Path) -> dict[str, str]:

@@ -17,14 +17,15 @@ checked on Thunder's final traces and on what autograd holds between forward and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from conformance import memory
-from conformance.findings import Findings
+from conformance.checks.area import Area
+from conformance.checks.dataflow import estimated_returned
+from conformance.checks.findings import Findings
+from conformance.checks.margins import SLACK_BYTES
+from conformance.checks.record import CellRecord
+from conformance.checks.traces import final_traces
 from fixtures.offloads import POLICIES
-
-if TYPE_CHECKING:
-    from conformance.execute import CellRun
 
 SHOWN = 5  # names listed in a failure
 
@@ -54,8 +55,7 @@ def saved_without_offloading(forward: Any) -> tuple[list[Any], list[Any]]:
     return final, [original_of.get(t.name, t) if t is not None else None for t in final]
 
 
-def check(run: CellRun) -> Findings:
-    import thunder
+def check(run: CellRecord) -> Findings:
     from thunder.core.prims import PrimIDs
     from thunder.executors.pythonex import clear_mutable_collection
 
@@ -63,24 +63,26 @@ def check(run: CellRun) -> Findings:
 
     found = Findings()
     policy = POLICIES[run.cell.offload]
-    forward = thunder.last_traces(run.thunder_module)[-1]
-    backward = thunder.last_backward_traces(run.thunder_module)[-1]
+    traces = final_traces(run.thunder_module)
+    forward, backward = traces.forward, traces.backward
+    autograd_saved = run.memory.saved
     offloads = {b.output.name: (i, b) for i, b in enumerate(forward.bound_symbols) if b.sym.id == offload.id}
     final_saved, saved = saved_without_offloading(forward)
     candidates = saved_intermediates(forward, saved, run.device)
     expected = {t.name for t in policy.select(candidates, forward)}
 
     with found.expect("saved tensors offloaded"):
-        assert run.saved is not None, "the output has no autograd node holding saved tensors"
-        assert len(run.saved) == len(saved), (
-            f"autograd holds {len(run.saved)} saved tensors, the forward trace saves {len(saved)}"
+        assert autograd_saved is not None, "the output has no autograd node holding saved tensors"
+        assert len(autograd_saved) == len(saved), (
+            f"autograd holds {len(autograd_saved)} saved tensors, the forward trace saves {len(saved)}"
         )
-        actual = {t.name for t, held in zip(saved, run.saved, strict=True) if held is not None and held.offloaded}
+        pairs = list(zip(saved, autograd_saved, strict=True))
+        actual = {t.name for t, kept in pairs if kept is not None and kept.offloaded}
         found.metrics["offloaded"] = {
             "candidates": len(candidates),
             "expected": len(expected),
             "actual": len(actual),
-            "bytes": sum(h.nbytes for h in run.saved if h is not None and h.offloaded),
+            "bytes": sum(kept.nbytes for kept in autograd_saved if kept is not None and kept.offloaded),
         }
         assert actual == expected, (
             f"policy {run.cell.offload} selects {len(expected)} of {len(candidates)} saved intermediates; "
@@ -89,8 +91,7 @@ def check(run: CellRun) -> Findings:
             f"offloaded unasked: {_names(actual - expected) or '-'})"
         )
         if str(run.device) != "cpu":  # the destination is the CPU: offloaded tensors must have left
-            pairs = zip(saved, run.saved, strict=True)
-            on_source = {t.name for t, held in pairs if held is not None and held.device == str(run.device)}
+            on_source = {t.name for t, kept in pairs if kept is not None and kept.device == str(run.device)}
             assert not (actual & on_source), f"offloaded tensors still on {run.device}: {_names(actual & on_source)}"
 
     with found.expect("offload after the last forward use"):
@@ -118,12 +119,15 @@ def check(run: CellRun) -> Findings:
         found.metrics["load distance"] = {"max": max(distances, default=0), "loads": len(loads)}
 
     with found.expect("held between forward and backward"):
-        estimate = memory.estimated_held(forward, run.device)
-        held = run.held["forward"]
-        bound = estimate + memory.SLACK_BYTES
-        found.metrics["held after forward"] = {"measured": held, "estimate": estimate, "bound": bound}
-        assert held <= bound, (
-            f"after the forward {held} bytes it allocated are alive on {run.device}; the trace returns "
+        estimate = estimated_returned(forward, run.device)
+        alive = run.memory.alive_after_forward
+        bound = estimate + SLACK_BYTES
+        found.metrics["held after forward"] = {"measured": alive, "estimate": estimate, "bound": bound}
+        assert alive <= bound, (
+            f"after the forward {alive} bytes it allocated are alive on {run.device}; the trace returns "
             f"{estimate} there (outputs and saved tensors): offloaded originals were kept"
         )
     return found
+
+
+AREA = Area("offload", check, applies=lambda cell: cell.offload != "none")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from conformance.memory import ESTIMATE_FACTOR
+from conformance.checks.margins import ESTIMATE_FACTOR
 
 PHASES = ("setup", "forward", "backward")
 

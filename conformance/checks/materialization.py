@@ -9,42 +9,41 @@ a fresh draw of ``reset_parameters`` (two-sample Kolmogorov-Smirnov test per par
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
-from conformance.findings import Findings
+from conformance.checks.area import Area
+from conformance.checks.findings import Findings
+from conformance.checks.record import CellRecord
+from conformance.matrix.cells import Cell
 from fixtures.models import fixture_for
-
-if TYPE_CHECKING:
-    from conformance.cells import Cell
-    from conformance.execute import CellRun
 
 KS_ALPHA_C = 1.949  # c(alpha) of the two-sample KS test at alpha = 0.001
 FRESH_SEED = 7919
 
 
-def check(run: CellRun) -> Findings:
+def check(run: CellRecord) -> Findings:
     found = Findings()
+    setup = run.setup
     with found.expect("no tensor left on meta"):
-        left = sorted(n for n, d in run.placement.items() if d == "meta")
+        left = sorted(n for n, d in setup.placement.items() if d == "meta")
         assert not left, f"still on meta after setup: {left}"
     with found.expect("placement"):
-        wrong = {n: d for n, d in run.placement.items() if d not in ("meta", str(run.device))}
+        wrong = {n: d for n, d in setup.placement.items() if d not in ("meta", str(run.device))}
         assert not wrong, f"expected every tensor on {run.device}, found {wrong}"
     if run.init.values_from_reference:
-        found.close("initial parameters", run.initial, run.reference_initial, rtol=0.0, atol=0.0)
+        found.close("initial parameters", setup.initial, setup.reference_initial, rtol=0.0, atol=0.0)
     else:
         _like_module_init(run, found)
-    found.close("buffers", run.buffers, run.reference_buffers, rtol=0.0, atol=0.0)
+    found.close("buffers", setup.buffers, setup.reference_buffers, rtol=0.0, atol=0.0)
     return found
 
 
-def _like_module_init(run: CellRun, found: Findings) -> None:
+def _like_module_init(run: CellRecord, found: Findings) -> None:
     torch.manual_seed(FRESH_SEED)
     fresh = dict(fixture_for(run.cell.model, run.cell.spec).build(run.cell.tie == "tied").named_parameters())
     worst = 0.0
-    for name, value in run.initial.items():
+    for name, value in run.setup.initial.items():
         with found.expect(f"initial parameters [{name}]"):
             assert torch.isfinite(value).all(), "not finite"
             d, critical = ks(value.float().flatten(), fresh[name].detach().float().flatten())
@@ -75,3 +74,6 @@ def reset_error(cell: Cell, exc: BaseException | None) -> Findings:
         assert f"{lacking}.reset_parameters" in str(exc), f"the TypeError does not name {lacking}: {exc}"
     found.metrics["setup error"] = None if exc is None else f"{type(exc).__name__}: {exc}"
     return found
+
+
+AREA = Area("materialization", check, refusal=reset_error)

@@ -1,0 +1,97 @@
+"""Live bytes in a trace, from its data flow alone: a tensor lives from its producer to its
+last consumer (to the end, if returned), and views share their base's bytes. The ``del``
+statements Thunder inserted are ignored, so a Thunder that stops freeing is caught rather
+than explained away."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from transforms.policies import proxy_bytes
+
+_ALIASES = {
+    # names of executor and torch symbols whose outputs share their input's storage
+    "unsqueeze", "squeeze", "transpose", "expand", "reshape", "view", "permute", "contiguous", "split",
+    "chunk", "getitem", "narrow", "flatten", "unflatten", "t", "detach", "torch_prims_reshape_impl",
+    "torch_wait_prim_impl", "shallow_copy", "broadcast_in_dim", "slice_prim",
+}  # fmt: skip
+
+
+@dataclasses.dataclass
+class Lifetime:
+    nbytes: int
+    born: int
+    last: int
+    device: str
+    from_input: bool  # unpacked from the trace's arguments: allocated before it ran
+
+
+def lifetimes(trace: Any) -> tuple[dict[str, Lifetime], int]:
+    """Every storage the trace's tensors live in (named by the proxy that owns it), from its
+    producer to its last consumer (``end`` if returned), and ``end``."""
+    from thunder.core.prims import PrimIDs
+    from thunder.core.proxies import FutureTensorProxy, TensorProxy
+
+    def tensors(xs: Any) -> list[Any]:
+        return [x for x in xs if isinstance(x, (TensorProxy, FutureTensorProxy))]
+
+    unpacks = {v for k, v in PrimIDs.__members__.items() if k.startswith("UNPACK")}
+    root: dict[str, str] = {}  # proxy name -> name of the proxy that owns its storage
+    lives: dict[str, Lifetime] = {}
+    bsyms = [b for b in trace.bound_symbols if b.sym.id not in (PrimIDs.DEL,)]
+    end = len(bsyms)
+    for i, bsym in enumerate(bsyms):
+        args = tensors(bsym.flat_proxy_args)
+        for a in args:
+            owner = root.get(a.name)
+            if owner is not None:
+                life = lives[owner]
+                life.last = end if bsym.sym.id == PrimIDs.RETURN else max(life.last, i)
+        if bsym.sym.id == PrimIDs.RETURN:
+            continue
+        aliasing = bsym.sym.name in _ALIASES and args and args[0].name in root
+        for out in tensors(bsym.flat_proxy_outs):
+            if out.name in root:
+                continue
+            if aliasing:
+                root[out.name] = root[args[0].name]
+            else:
+                root[out.name] = out.name
+                lives[out.name] = Lifetime(proxy_bytes(out), i, i, str(out.device), bsym.sym.id in unpacks)
+    return lives, end
+
+
+def estimated_peak(trace: Any, device: torch.device | None = None) -> int:
+    """Peak of live bytes among tensors the trace produces (on ``device``, if given), from
+    its data flow alone."""
+    lives, end = lifetimes(trace)
+    events = [0] * (end + 2)
+    for life in lives.values():
+        if device is None or life.device == _thunder_device(device):
+            events[life.born] += life.nbytes
+            events[life.last + 1] -= life.nbytes
+    live = peak = 0
+    for delta in events:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def estimated_returned(trace: Any, device: torch.device) -> int:
+    """Bytes on ``device`` the trace allocates and returns (a forward's outputs and what it
+    saves for backward): what stays allocated between forward and backward."""
+    lives, end = lifetimes(trace)
+    return sum(
+        life.nbytes
+        for life in lives.values()
+        if life.last == end and not life.from_input and life.device == _thunder_device(device)
+    )
+
+
+def _thunder_device(device: torch.device) -> str:
+    from thunder.core.devices import to_device
+
+    return str(to_device(device))

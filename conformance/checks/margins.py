@@ -1,0 +1,7 @@
+"""Margins that memory bounds allow, shared by the areas that bound bytes and by the
+comparison with a baseline report."""
+
+# 0-d scalars a rank may hold beside its tensors (4 bytes seen on litgpt)
+SLACK_BYTES = 256
+# how far a measured peak may exceed the kit's estimate of it
+ESTIMATE_FACTOR = 1.25

@@ -1,0 +1,30 @@
+"""Every check area, in the order a cell's areas are judged and reported. Adding an area is
+one module exposing ``AREA`` and one line here (and its ``conformance/test_<area>.py``)."""
+
+from __future__ import annotations
+
+from conformance.checks import collectives, materialization, memory, numerics, offload, state_dict
+from conformance.checks.area import Area
+from conformance.matrix.cells import Cell
+from conformance.matrix.plan import expects_reset_error
+
+AREAS: dict[str, Area] = {
+    area.name: area
+    for area in (
+        materialization.AREA,
+        numerics.AREA,
+        collectives.AREA,
+        state_dict.AREA,
+        memory.AREA,
+        offload.AREA,
+    )
+}
+
+
+def applies(cell: Cell, name: str) -> bool:
+    """Whether area ``name`` judges ``cell``: a negative cell never gets a model to train, so
+    only the areas that judge a refusal apply to it."""
+    area = AREAS[name]
+    if expects_reset_error(cell):
+        return area.refusal is not None
+    return area.applies(cell)

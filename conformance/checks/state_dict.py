@@ -1,0 +1,35 @@
+"""State dicts: ``original_state_dict()`` after training holds exactly the weights the shards
+hold (gathered by the kit itself) under the eager model's keys, and
+``load_original_state_dict()`` puts exactly the loaded weights back into the shards.
+
+Thunder leaves tied duplicates out of ``original_state_dict()``: every other entry must be
+there, and no entry may be one the eager model does not have. (How close those weights are
+to eager training is the numerics area's business.)
+"""
+
+from __future__ import annotations
+
+from conformance.checks.area import Area
+from conformance.checks.findings import Findings
+from conformance.checks.record import CellRecord
+from conformance.checks.storages import tied_duplicates
+
+
+def check(run: CellRecord) -> Findings:
+    found = Findings()
+    record = run.state_dict
+    duplicates = tied_duplicates(run.reference)
+    expected = {k: v for k, v in record.reference.items() if k not in duplicates}
+    with found.expect("original_state_dict keys"):
+        missing = sorted(set(expected) - set(record.original))
+        extra = sorted(set(record.original) - set(record.reference))
+        assert not missing and not extra, f"missing {missing}, unexpected {extra}"
+    last = list(run.after.values())[-1]
+    gathered = {**run.setup.buffers, **last.thunder}  # the shards, gathered by the kit
+    on_shards = {k: v for k, v in gathered.items() if k in expected}
+    found.close("original_state_dict after training", record.original, on_shards, rtol=0.0, atol=0.0)
+    found.close("load_original_state_dict round trip", record.reloaded, record.loaded, rtol=0.0, atol=0.0)
+    return found
+
+
+AREA = Area("state_dict", check)

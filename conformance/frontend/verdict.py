@@ -1,0 +1,105 @@
+"""The verdict of one item: run (or reuse) its cell, then hold one check area of it to
+account. Failures are grouped by message across ranks; those that an xfails entry names
+become an expected failure, any other fails the item with a one-line repro."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator
+
+import pytest
+
+from conformance.checks.findings import CellResult
+from conformance.checks.registry import AREAS, applies
+from conformance.frontend import baseline
+from conformance.frontend.runner import Runner
+from conformance.frontend.xfails import KnownNonConformance
+from conformance.matrix.cells import Cell
+from conformance.reports.outcomes import UNSUPPORTED
+from conformance.world import protocol
+from conformance.world.controller import Outcome
+
+
+class Conformance:
+    """Bound to one test item: runs (or reuses) a cell and holds one check area to account."""
+
+    def __init__(self, runner: Runner, node: pytest.Item) -> None:
+        self.runner = runner
+        self.node = node
+
+    def expect_all(self, cell: Cell) -> None:
+        """Every check area that applies to ``cell`` must conform (for generated cells, which
+        are not items of their own)."""
+        for area in AREAS:
+            if applies(cell, area):
+                self.expect(cell, area, record=False)
+
+    def replay_line(self, cell: Cell) -> str:
+        return shlex.join(
+            [
+                "python",
+                "-m",
+                "pytest",
+                "conformance/test_generated.py::test_replay",
+                "--replay",
+                json.dumps(cell.axes()),
+            ]
+        )
+
+    def expect(self, cell: Cell, area: str, record: bool = True) -> None:
+        outcome = self.runner.run(cell)
+        if record:
+            self._record(cell, area, outcome)
+        repro = f"repro: {self.replay_line(cell) if cell.spec else self.runner.session.repro(self.node.nodeid)}"
+        if not outcome.ok:
+            pytest.fail(f"cell {cell.id} did not run to completion\n{outcome.describe()}\n{repro}", pytrace=False)
+        results = [CellResult.from_json(v) for v in outcome.values]
+        unsupported = {r.unsupported for r in results if r.unsupported is not None}
+        if unsupported:
+            pytest.skip(UNSUPPORTED + " | ".join(sorted(unsupported)))
+        failures = _by_message((rank, msg) for rank, r in enumerate(results) for msg in r.areas[area].failures)
+        if area == "memory":
+            measured = results[0].areas[area].metrics["measured"]
+            for msg in baseline.grown(self.runner.baseline.get(cell.id), measured):
+                failures.setdefault(msg, []).append(0)
+        if not failures:
+            return
+        known = self.runner.known(cell, area)
+        unexplained = [msg for msg in failures if not any(e.explains(msg) for e in known)]
+        lines = [f"{cell.id} does not conform ({area}):"]
+        lines += [
+            f"  ranks {ranks}: {msg}" + ("" if msg in unexplained else "  [expected: xfails]")
+            for msg, ranks in failures.items()
+        ]
+        message = "\n".join([*lines, repro])
+        if unexplained:
+            pytest.fail(message, pytrace=False)
+        raise KnownNonConformance(message)
+
+    def _record(self, cell: Cell, area: str, outcome: Outcome) -> None:
+        """The item's user_properties (pytest's JUnit writer turns them into <property>s)."""
+        ranks = []
+        for r in outcome.results:
+            entry = {"rank": r.rank, "status": r.status}
+            if r.ok:
+                result = CellResult.from_json(r.value)
+                if area in result.areas:
+                    entry["failures"] = result.areas[area].failures
+                    entry["status"] = protocol.FAILED if entry["failures"] else protocol.PASSED
+            ranks.append(entry)
+        metrics: dict[str, object] = {"world_start_s": outcome.startup, "cell_run_s": outcome.duration}
+        if outcome.ok:
+            first = CellResult.from_json(outcome.values[0])
+            if area in first.areas:
+                metrics.update(first.areas[area].metrics)
+                metrics["timings"] = first.timings
+        props = {"cell": cell.id, "area": area, "axes": cell.axes(), "ranks": ranks, "metrics": metrics}
+        self.node.user_properties.extend((k, json.dumps(v)) for k, v in props.items())
+
+
+def _by_message(pairs: Iterator[tuple[int, str]]) -> dict[str, list[int]]:
+    grouped: dict[str, list[int]] = {}
+    for rank, msg in pairs:
+        grouped.setdefault(msg, []).append(rank)
+    return grouped

@@ -1,0 +1,185 @@
+"""Building a cell on a rank: the eager reference, the state dict the kit hands Thunder, and
+the model under test composed with Thunder's jit and FSDP as the cell's axes say, its setup
+measured."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from conformance.checks.storages import tied_duplicates
+from conformance.matrix.cells import Cell
+from conformance.matrix.plan import SetupPlan, StateDictKind, plan
+from conformance.rank import measure
+from conformance.rank.gather import clones, shard, snapshot
+from fixtures import inits
+from fixtures.compositions import COMPOSITIONS, Composition
+from fixtures.models import ModelFixture, fixture_for
+from fixtures.offloads import POLICIES
+
+SEED = 1234
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class Unsupported(Exception):
+    """The Thunder under test does not offer what the cell asks for (a probe said so)."""
+
+
+def rank_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """What the cell's axes name, looked up in the registries of ``fixtures/``."""
+
+    cell: Cell
+    fixture: ModelFixture
+    init: inits.InitMode
+    composition: Composition
+    plan: SetupPlan
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def make(self) -> Callable[[], nn.Module]:
+        """The model's constructor, tied or not as the cell says."""
+        return functools.partial(self.fixture.build, self.cell.tie == "tied")
+
+    @property
+    def source(self) -> int:
+        """The rank whose weights every rank ends up with."""
+        return self.cell.world_size - 1 if self.init.broadcast else 0
+
+
+def recipe(cell: Cell, device: torch.device) -> Recipe:
+    """The cell's parts; raises Unsupported where the composition's probe refuses it."""
+    composition = COMPOSITIONS[cell.composition]
+    if composition.probe is not None and (reason := composition.probe(device)):
+        raise Unsupported(reason)
+    return Recipe(
+        cell=cell,
+        fixture=fixture_for(cell.model, cell.spec),
+        init=inits.INITS[cell.init],
+        composition=composition,
+        plan=plan(cell),
+        device=device,
+        dtype=DTYPES[cell.dtype],
+    )
+
+
+@dataclasses.dataclass
+class Reference:
+    """The eager single-process model the cell is compared with."""
+
+    module: nn.Module
+    shapes: dict[str, torch.Size]  # full shape of every parameter, one name per tied group
+    initial: dict[str, torch.Tensor]  # CPU copies of its parameters as built
+    setup_peak: int  # bytes eager PyTorch allocated at its peak while constructing it
+
+    def kit_pointers(self) -> set[int]:
+        """Storages the kit holds for the reference: not the Thunder module's to account for."""
+        return measure.pointers(*self.module.parameters(), *self.module.buffers(), *self.initial.values())
+
+
+def build_reference(recipe: Recipe) -> Reference:
+    torch.manual_seed(SEED + recipe.source)
+    with torch.device(recipe.device), measure.measure(recipe.device) as construction:
+        module = recipe.make().to(recipe.dtype)
+    return Reference(
+        module=module,
+        shapes={n: p.shape for n, p in module.named_parameters()},
+        initial=snapshot(module),
+        setup_peak=construction.peak,
+    )
+
+
+@dataclasses.dataclass
+class Composed:
+    thunder_module: Any
+    setup_peak: int  # bytes allocated at the peak of setup (construction, jit, sharding, materialization)
+    setup_s: float
+
+
+def compose(recipe: Recipe, reference: Reference) -> Composed:
+    """Build the model under test and compose it with Thunder as the cell says, measuring setup."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    began = time.perf_counter()
+    options: dict[str, Any] = {
+        "sharding_strategy": _enum("FSDPType", recipe.cell.sharding),
+        "bucketing_strategy": _enum("FSDPBucketingStrategy", recipe.cell.bucketing),
+    }
+    if recipe.init.broadcast:
+        options["broadcast_from"] = recipe.source
+    # What the kit hands over is built outside the measured block: it is the user's memory.
+    state = _state_dict(recipe.plan.handed_over, reference.module, rank, world)
+    materialization_init = _materialization(recipe.plan, state)
+    with measure.measure(recipe.device) as setup:
+        torch.manual_seed(SEED + (rank if recipe.init.broadcast else 0))
+        model = inits.build(recipe.init, recipe.make, recipe.device, recipe.dtype)
+        tm = recipe.composition.build(
+            model, recipe.device, materialization_init, options, cell_transforms(recipe.cell, recipe.device)
+        )
+        if recipe.plan.load_after == "original":
+            tm.load_original_state_dict(state)
+        elif recipe.plan.load_after == "transformed":
+            tm.load_state_dict(state)
+    return Composed(tm, setup.peak, time.perf_counter() - began)
+
+
+def _materialization(setup: SetupPlan, state: dict[str, torch.Tensor] | None) -> Any:
+    """The MaterializationTransform init: module init, or from ``state`` (original or transformed)."""
+    from thunder.transforms import MaterializationTransform
+
+    if setup.materialize == "module":
+        return MaterializationTransform.init_from_original_module_init()
+    if setup.materialize == "original":
+        return MaterializationTransform.init_from_original_state_dict(state)
+    return MaterializationTransform.init_from_transformed_state_dict(state)
+
+
+def _state_dict(
+    kind: StateDictKind | None, reference: nn.Module, rank: int, world: int
+) -> dict[str, torch.Tensor] | None:
+    """The state dict the kit hands Thunder, as a user would: "original" or "transformed"."""
+    if kind == "original":
+        return clones(reference.state_dict())
+    if kind == "transformed":
+        return transformed_state_dict(reference, rank, world)
+    return None
+
+
+def transformed_state_dict(reference: nn.Module, rank: int, world: int) -> dict[str, torch.Tensor]:
+    """The reference's state dict as FSDP holds it on ``rank``: parameters sharded, buffers whole."""
+    names = {n for n, _ in reference.named_parameters(remove_duplicate=False)}
+    duplicates = tied_duplicates(reference)
+    return {
+        k: shard(v, rank, world) if k in names else v.clone()
+        for k, v in reference.state_dict().items()
+        if k not in duplicates
+    }
+
+
+def cell_transforms(cell: Cell, device: torch.device) -> list[Any]:
+    """The cell's transforms beside sharding: the reference offloading transform, to the CPU."""
+    policy = POLICIES[cell.offload]
+    if policy is None:
+        return []
+    from transforms.offload import OffloadTransform
+
+    return [OffloadTransform(policy, source=device, destination="cpu")]
+
+
+def _enum(name: str, value: str) -> Any:
+    import thunder.distributed
+
+    return getattr(thunder.distributed, name)[value.upper()]

@@ -1,0 +1,111 @@
+"""The rank side's entry point: build a cell once, train it beside eager PyTorch, then let
+every check area that applies judge the same record.
+
+Tracing dominates a cell's cost, so a cell is built and run exactly once per rank and the
+check areas only inspect the record. The controller names ``run_cell`` in the task it hands
+every rank (``conformance.rank.entry:run_cell``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from conformance.checks.findings import CellResult
+from conformance.checks.record import CellRecord, MemoryRecord, SetupRecord, StateDictRecord
+from conformance.checks.registry import AREAS, applies
+from conformance.matrix.cells import Cell
+from conformance.matrix.plan import expects_reset_error
+from conformance.rank import measure
+from conformance.rank.build import Recipe, Reference, Unsupported, build_reference, compose, rank_device, recipe
+from conformance.rank.gather import clones, cpu_copies, gather
+from conformance.rank.train import train
+
+
+def run_cell(axes: dict[str, Any]) -> dict[str, Any]:
+    """Every applicable check area's findings on this rank, or why the cell could not be
+    built, as JSON for the controller."""
+    cell = Cell(**axes)
+    areas = [area for name, area in AREAS.items() if applies(cell, name)]
+    try:
+        run = drive(cell)
+    except Unsupported as exc:
+        return CellResult(unsupported=str(exc)).to_json()
+    except TypeError as exc:
+        if not expects_reset_error(cell):
+            raise
+        return CellResult({area.name: area.refusal(cell, exc) for area in areas}).to_json()
+    if expects_reset_error(cell):
+        return CellResult({area.name: area.refusal(cell, None) for area in areas}, run.timings).to_json()
+    return CellResult({area.name: area.check(run) for area in areas}, run.timings).to_json()
+
+
+def drive(cell: Cell) -> CellRecord:
+    """Build the cell, record its setup, train it, round-trip its state dict."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert world == cell.world_size, f"cell wants {cell.world_size} ranks, the world has {world}"
+    parts = recipe(cell, rank_device())
+    reference = build_reference(parts)
+    composed = compose(parts, reference)
+    tm = composed.thunder_module
+    alive_after_setup = measure.census(parts.device, reference.kit_pointers())
+    setup = record_setup(parts, reference, tm)
+    training = train(parts, reference, tm, rank, world)
+    assert training.first_step is not None
+    state_dict = round_trip_state_dict(parts, reference, tm)
+    return CellRecord(
+        cell=cell,
+        rank=rank,
+        device=parts.device,
+        dtype=parts.dtype,
+        backend=dist.get_backend(),
+        reference=reference.module,
+        thunder_module=tm,
+        setup=setup,
+        first_step=training.first_step,
+        after=training.after,
+        state_dict=state_dict,
+        memory=MemoryRecord(
+            peaks={"setup": composed.setup_peak, **training.peaks},
+            eager_peaks={"setup": reference.setup_peak, **training.eager_peaks},
+            alive_after_setup=alive_after_setup,
+            alive_after_forward=training.alive_after_forward,
+            saved=training.saved,
+        ),
+        timings={"setup_s": composed.setup_s, **training.timings},
+    )
+
+
+def record_setup(parts: Recipe, reference: Reference, tm: Any) -> SetupRecord:
+    """What the Thunder module holds right after setup. Where Thunder drew the weights
+    (module init), the reference adopts them so that the steps can be compared."""
+    placement = {n: str(t.device) for n, t in (*tm.named_parameters(), *tm.named_buffers())}
+    buffers = cpu_copies(tm.named_buffers())
+    setup = SetupRecord(
+        placement=placement,
+        initial=gather(tm, reference.shapes),
+        reference_initial=reference.initial,
+        buffers=buffers,
+        reference_buffers=cpu_copies(reference.module.named_buffers()),
+    )
+    if not parts.init.values_from_reference:
+        with torch.no_grad():
+            for n, p in reference.module.named_parameters():
+                p.copy_(setup.initial[n])
+    return setup
+
+
+def round_trip_state_dict(parts: Recipe, reference: Reference, tm: Any) -> StateDictRecord:
+    """Last, as it rewrites the module's weights: ``original_state_dict()`` after training,
+    then the initial weights loaded back through ``load_original_state_dict()``."""
+    original = cpu_copies(tm.original_state_dict().items())
+    loaded = {n: t.to(parts.device) for n, t in reference.initial.items()}
+    tm.load_original_state_dict({**clones(reference.module.state_dict()), **loaded})
+    return StateDictRecord(
+        original=original,
+        reference=cpu_copies(reference.module.state_dict().items()),
+        loaded={n: t.cpu() for n, t in loaded.items()},
+        reloaded=gather(tm, reference.shapes),
+    )

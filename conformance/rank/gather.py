@@ -1,0 +1,60 @@
+"""Full tensors from shards, gathered by the kit with plain ``torch.distributed`` (never
+through Thunder's state-dict code), and detached CPU copies safe from later steps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def shard(full: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """This rank's dim-0 chunk of ``full``, padded the way Thunder's FSDP pads."""
+    chunk = -(-full.shape[0] // world)
+    padded = torch.zeros((chunk * world, *full.shape[1:]), dtype=full.dtype, device=full.device)
+    padded[: full.shape[0]] = full
+    return padded[rank * chunk : (rank + 1) * chunk].clone()
+
+
+def unshard(piece: torch.Tensor, full_shape: torch.Size) -> torch.Tensor:
+    """Rebuild a full tensor from every rank's dim-0 shard (Thunder pads dim 0 to a multiple)."""
+    world = dist.get_world_size()
+    chunk = -(-full_shape[0] // world)
+    assert tuple(piece.shape) == (chunk, *full_shape[1:]), (
+        f"shard of shape {tuple(piece.shape)} does not fit a dim-0 sharding of {tuple(full_shape)} "
+        f"over {world} ranks (expected {(chunk, *full_shape[1:])})"
+    )
+    parts = [torch.empty_like(piece) for _ in range(world)]
+    dist.all_gather(parts, piece.detach().contiguous())
+    return torch.cat(parts)[: full_shape[0]].cpu()
+
+
+def gather(tm: Any, shapes: dict[str, torch.Size], grads: bool = False) -> dict[str, torch.Tensor]:
+    """Full parameters (or their gradients) of the Thunder module, by name."""
+    out = {}
+    for name, shape in shapes.items():
+        p = tm.get_parameter(name)
+        t = p.grad if grads else p
+        if t is None:  # kept symmetric across ranks: a missing gradient compares as NaN
+            t = torch.full_like(p, float("nan"))
+        out[name] = unshard(t, shape)
+    return out
+
+
+def snapshot(module: nn.Module, grads: bool = False) -> dict[str, torch.Tensor]:
+    """CPU copies of an eager module's parameters (or gradients), by name."""
+    named = ((n, p.grad if grads else p) for n, p in module.named_parameters())
+    return cpu_copies((n, t) for n, t in named if t is not None)
+
+
+def cpu_copies(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Detached CPU copies, safe from later training steps."""
+    return {n: t.detach().cpu().clone() for n, t in named}
+
+
+def clones(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached copies on the tensors' own devices."""
+    return {k: v.detach().clone() for k, v in sd.items()}

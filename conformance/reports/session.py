@@ -1,0 +1,27 @@
+"""What the front end tells the reports about a run: plain values, fixed once options are read."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from pathlib import Path
+
+from conformance.reports.outcomes import plain_nodeid
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionInfo:
+    backend: str
+    nproc: int
+    profile: str
+    isolate: bool
+    xfails_file: Path
+    default_xfails: bool  # whether xfails_file is the kit's own (a repro need not name it)
+    coverage: dict[str, dict[str, int]]  # axis -> value -> cells selected
+
+    def repro(self, nodeid: str) -> str:
+        """The command line that reruns one item as this run ran it."""
+        args = ["python", "-m", "pytest", plain_nodeid(nodeid), "--nproc", str(self.nproc), "--backend", self.backend]
+        if not self.default_xfails:
+            args += ["--xfails", str(self.xfails_file)]
+        return shlex.join(args)

@@ -1,0 +1,74 @@
+"""The report writer: report.jsonl as each item finishes, report.json, summary.md and
+memory.png at the end.
+
+Everything is built from pytest's own reports (and the user_properties that each item of
+the suite attaches), so the files agree with pytest's exit status and its --junitxml.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.reports import environment
+from conformance.reports.figures import memory_figure
+from conformance.reports.outcomes import outcome, plain_nodeid
+from conformance.reports.session import SessionInfo
+from conformance.reports.summary import summary
+
+
+class Reporter:
+    def __init__(self, report_dir: Path, session: SessionInfo) -> None:
+        self.dir = report_dir
+        self.session = session
+        self.records: dict[str, dict[str, Any]] = {}
+        self.started = time.time()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = self.dir / "report.jsonl"
+        self.jsonl.write_text("")
+
+    # A test's record is complete once its last phase (teardown) is reported.
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        nodeid = plain_nodeid(report.nodeid)
+        rec = self.records.setdefault(nodeid, {"id": nodeid, "outcome": "passed", "duration": 0.0})
+        rec["duration"] += report.duration
+        for key, value in report.user_properties:
+            rec[key] = json.loads(value)
+        # the call decides, unless an earlier phase already failed or skipped
+        if rec["outcome"] == "passed" and (report.when == "call" or report.failed or report.skipped):
+            rec["outcome"] = outcome(report)
+            if report.failed or rec["outcome"] in ("xfailed", "unsupported"):
+                rec["message"] = report.longreprtext
+            if hasattr(report, "wasxfail"):
+                rec["xfail_reason"] = report.wasxfail
+        if report.when == "teardown":
+            with self.jsonl.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    @pytest.hookimpl
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        records = list(self.records.values())
+        counts: dict[str, int] = {}
+        for rec in records:
+            counts[rec["outcome"]] = counts.get(rec["outcome"], 0) + 1
+        report = {
+            "environment": environment.describe(self.session.backend, self.session.nproc),
+            "exit_status": int(exitstatus),
+            "wall_s": time.time() - self.started,
+            # every world start is charged to the one cell that needed it (xdist workers too)
+            "profile": self.session.profile,
+            "coverage": self.session.coverage,
+            "xfails_file": str(self.session.xfails_file),
+            "worlds_started": len({r["cell"] for r in records if r.get("metrics", {}).get("world_start_s", 0) > 0}),
+            "isolate": self.session.isolate,
+            "counts": counts,
+            "cells": records,
+        }
+        (self.dir / "report.json").write_text(json.dumps(report, indent=2))
+        figure = "memory.png" if memory_figure(report, self.dir / "memory.png") else None
+        (self.dir / "summary.md").write_text(summary(report, self.session.repro, figure))
