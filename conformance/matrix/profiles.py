@@ -12,6 +12,7 @@ from fixtures.compositions import COMPOSITIONS
 from fixtures.inits import INITS
 from fixtures.models import MODELS
 from fixtures.offloads import POLICIES
+from fixtures.options import BUCKETINGS, DTYPES, SHARDINGS, TIES
 
 PROFILES = ("smoke", "ci", "full")
 
@@ -33,11 +34,11 @@ def axis_values(world_size: int) -> dict[str, list[Any]]:
         "model": list(MODELS),
         "init": list(INITS),
         "composition": list(COMPOSITIONS),
-        "tie": ["tied", "untied"],
+        "tie": list(TIES),
         "offload": list(POLICIES),
-        "sharding": ["zero2", "zero3"],
-        "bucketing": ["none", "layer", "block"],
-        "dtype": ["float32", "bfloat16"],
+        "sharding": list(SHARDINGS),
+        "bucketing": list(BUCKETINGS),
+        "dtype": list(DTYPES),
         "world_size": [world_size],
     }
 

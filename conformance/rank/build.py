@@ -23,9 +23,9 @@ from fixtures import inits
 from fixtures.compositions import COMPOSITIONS, Composition
 from fixtures.models import ModelFixture, fixture_for
 from fixtures.offloads import POLICIES
+from fixtures.options import BUCKETINGS, DTYPES, SHARDINGS
 
 SEED = 1234
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class Unsupported(Exception):
@@ -115,8 +115,8 @@ def compose(recipe: Recipe, reference: Reference) -> Composed:
     rank, world = dist.get_rank(), dist.get_world_size()
     began = time.perf_counter()
     options: dict[str, Any] = {
-        "sharding_strategy": _enum("FSDPType", recipe.cell.sharding),
-        "bucketing_strategy": _enum("FSDPBucketingStrategy", recipe.cell.bucketing),
+        "sharding_strategy": _enum("FSDPType", SHARDINGS[recipe.cell.sharding]),
+        "bucketing_strategy": _enum("FSDPBucketingStrategy", BUCKETINGS[recipe.cell.bucketing]),
     }
     if recipe.init.broadcast:
         options["broadcast_from"] = recipe.source
@@ -179,7 +179,7 @@ def cell_transforms(cell: Cell, device: torch.device) -> list[Any]:
     return [OffloadTransform(policy, source=device, destination="cpu")]
 
 
-def _enum(name: str, value: str) -> Any:
+def _enum(name: str, member: str) -> Any:
     import thunder.distributed
 
-    return getattr(thunder.distributed, name)[value.upper()]
+    return getattr(thunder.distributed, name)[member]

@@ -55,31 +55,82 @@ def generator(*key: int) -> torch.Generator:
 
 
 @dataclasses.dataclass
-class _Models:
-    """The models that train in lockstep, and an optimizer for each."""
+class _Lockstep:
+    """The models that train in lockstep on one global batch, and what they record."""
 
+    recipe: Recipe
+    reference: Reference
     thunder: Any
-    reference: nn.Module
     golden: nn.Module | None  # float32 twin of the reference below float32
+    rank: int
+    world: int
+    training: Training = dataclasses.field(default_factory=Training)
 
     def optimizers(self, make: Callable[[Any], torch.optim.Optimizer]) -> list[torch.optim.Optimizer | None]:
-        """The Thunder module's optimizer first."""
-        thunder, reference = make(self.thunder.parameters()), make(self.reference.parameters())
+        """One per model, the Thunder module's first."""
+        thunder, reference = make(self.thunder.parameters()), make(self.reference.module.parameters())
         return [thunder, reference, make(self.golden.parameters()) if self.golden is not None else None]
+
+    def step(self, step: int, optimizers: list[torch.optim.Optimizer | None]) -> None:
+        """One step of every model; step 0 keeps outputs and gradients, the measured step its memory."""
+        device, dtype, tm, rank = self.recipe.device, self.recipe.dtype, self.thunder, self.rank
+        reference, golden, training = self.reference.module, self.golden, self.training
+        measured = step == MEASURED_STEP
+        inputs = [self.recipe.fixture.make_input(generator(step, r), dtype).to(device) for r in range(self.world)]
+        with measure(device, settle=measured) as forward:
+            out = tm(inputs[rank])
+        if measured:
+            training.saved = _saved_tensors(out)
+        ref_outs = [reference(x) for x in inputs]
+        cotangents = [
+            torch.randn(o.shape, generator=generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
+        ]
+        loss = (out * cotangents[rank]).mean()
+        with measure(device) as backward:
+            loss.backward()
+        if measured:
+            training.eager_peaks.update(_eager_peaks(reference, inputs[rank], cotangents[rank], device))
+        # FSDP averages gradients over ranks: the reference loss is the mean of the ranks' losses.
+        _mean_loss(ref_outs, cotangents).backward()
+        golden_outs = None
+        if golden is not None:
+            golden_outs = [golden(x if not x.is_floating_point() else x.float()) for x in inputs]
+            _mean_loss(golden_outs, [c.float() for c in cotangents]).backward()
+        if step == 0:
+            training.first_step = StepRecord(
+                output=out.detach().cpu(),
+                reference_output=ref_outs[rank].detach().cpu(),
+                grads=gather(tm, self.reference.shapes, grads=True),
+                reference_grads=snapshot(reference, grads=True),
+                golden_output=None if golden_outs is None else golden_outs[rank].detach().cpu(),
+                golden_grads=None if golden is None else snapshot(golden, grads=True),
+            )
+        thunder_opt = optimizers[0]
+        with measure(device) as optimizer_step:
+            thunder_opt.step()
+        for o in optimizers:
+            if o is not None:
+                if o is not thunder_opt:
+                    o.step()
+                o.zero_grad(set_to_none=True)
+        if measured:
+            training.peaks.update(forward=forward.peak, backward=backward.peak, step=optimizer_step.peak)
+            training.alive_after_forward = forward.alive
 
 
 def train(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) -> Training:
+    """STEPS steps of each optimizer in turn, on fresh optimizers, all models in lockstep."""
     # Below float32, eager's own rounding sets the tolerance: a float32 twin trains in lockstep
     # and Thunder may stray from it at most a stated factor further than eager does.
     golden = copy.deepcopy(reference.module).float() if recipe.dtype != torch.float32 else None
-    models = _Models(tm, reference.module, golden)
-    training = Training()
+    lockstep = _Lockstep(recipe, reference, tm, golden, rank, world)
+    training = lockstep.training
     step = 0
     for opt_name, make_opt in OPTIMIZERS.items():
-        optimizers = models.optimizers(make_opt)
+        optimizers = lockstep.optimizers(make_opt)
         for _ in range(STEPS):
             began = time.perf_counter()
-            _step(recipe, reference, models, optimizers, step, rank, world, training)
+            lockstep.step(step, optimizers)
             training.timings[f"step{step}_s"] = time.perf_counter() - began
             step += 1
         training.after[opt_name] = ParametersAfter(
@@ -88,61 +139,6 @@ def train(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) 
             golden=snapshot(golden) if golden is not None else None,
         )
     return training
-
-
-def _step(
-    recipe: Recipe,
-    reference: Reference,
-    models: _Models,
-    optimizers: list[torch.optim.Optimizer | None],
-    step: int,
-    rank: int,
-    world: int,
-    training: Training,
-) -> None:
-    """One step of every model on the same global batch; the measured step records its memory."""
-    device, dtype, tm = recipe.device, recipe.dtype, models.thunder
-    measured = step == MEASURED_STEP
-    inputs = [recipe.fixture.make_input(generator(step, r), dtype).to(device) for r in range(world)]
-    with measure(device, settle=measured) as forward:
-        out = tm(inputs[rank])
-    if measured:
-        training.saved = _saved_tensors(out)
-    ref_outs = [models.reference(x) for x in inputs]
-    cotangents = [
-        torch.randn(o.shape, generator=generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
-    ]
-    loss = (out * cotangents[rank]).mean()
-    with measure(device) as backward:
-        loss.backward()
-    if measured:
-        training.eager_peaks.update(_eager_peaks(models.reference, inputs[rank], cotangents[rank], device))
-    # FSDP averages gradients over ranks: the reference loss is the mean of the ranks' losses.
-    _mean_loss(ref_outs, cotangents).backward()
-    golden_outs = None
-    if models.golden is not None:
-        golden_outs = [models.golden(x if not x.is_floating_point() else x.float()) for x in inputs]
-        _mean_loss(golden_outs, [c.float() for c in cotangents]).backward()
-    if step == 0:
-        training.first_step = StepRecord(
-            output=out.detach().cpu(),
-            reference_output=ref_outs[rank].detach().cpu(),
-            grads=gather(tm, reference.shapes, grads=True),
-            reference_grads=snapshot(models.reference, grads=True),
-            golden_output=None if golden_outs is None else golden_outs[rank].detach().cpu(),
-            golden_grads=None if models.golden is None else snapshot(models.golden, grads=True),
-        )
-    thunder_opt = optimizers[0]
-    with measure(device) as optimizer_step:
-        thunder_opt.step()
-    for o in optimizers:
-        if o is not None:
-            if o is not thunder_opt:
-                o.step()
-            o.zero_grad(set_to_none=True)
-    if measured:
-        training.peaks.update(forward=forward.peak, backward=backward.peak, step=optimizer_step.peak)
-        training.alive_after_forward = forward.alive
 
 
 def _saved_tensors(out: torch.Tensor) -> list[SavedTensor | None] | None:
