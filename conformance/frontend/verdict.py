@@ -49,12 +49,14 @@ class Conformance:
 
     def expect(self, cell: Cell, area: str, record: bool = True) -> None:
         outcome = self.runner.run(cell)
+        # each rank's answer, where it gave one
+        answers = [CellResult.from_json(r.value) if r.ok else None for r in outcome.results]
         if record:
-            self._record(cell, area, outcome)
+            self._record(cell, area, outcome, answers)
         repro = f"repro: {self.replay_line(cell) if cell.spec else self.runner.session.repro(self.node.nodeid)}"
         if not outcome.ok:
             pytest.fail(f"cell {cell.id} did not run to completion\n{outcome.describe()}\n{repro}", pytrace=False)
-        results = [CellResult.from_json(v) for v in outcome.values]
+        results = [a for a in answers if a is not None]
         unsupported = {r.unsupported for r in results if r.unsupported is not None}
         if unsupported:
             pytest.skip(UNSUPPORTED + " | ".join(sorted(unsupported)))
@@ -77,23 +79,20 @@ class Conformance:
             pytest.fail(message, pytrace=False)
         raise KnownNonConformance(message)
 
-    def _record(self, cell: Cell, area: str, outcome: Outcome) -> None:
+    def _record(self, cell: Cell, area: str, outcome: Outcome, answers: list[CellResult | None]) -> None:
         """The item's user_properties (pytest's JUnit writer turns them into <property>s)."""
         ranks = []
-        for r in outcome.results:
+        for r, answer in zip(outcome.results, answers, strict=True):
             entry = {"rank": r.rank, "status": r.status}
-            if r.ok:
-                result = CellResult.from_json(r.value)
-                if area in result.areas:
-                    entry["failures"] = result.areas[area].failures
-                    entry["status"] = protocol.FAILED if entry["failures"] else protocol.PASSED
+            if answer is not None and area in answer.areas:
+                entry["failures"] = answer.areas[area].failures
+                entry["status"] = protocol.FAILED if entry["failures"] else protocol.PASSED
             ranks.append(entry)
         metrics: dict[str, object] = {"world_start_s": outcome.startup, "cell_run_s": outcome.duration}
-        if outcome.ok:
-            first = CellResult.from_json(outcome.values[0])
-            if area in first.areas:
-                metrics.update(first.areas[area].metrics)
-                metrics["timings"] = first.timings
+        first = answers[0] if outcome.ok else None
+        if first is not None and area in first.areas:
+            metrics.update(first.areas[area].metrics)
+            metrics["timings"] = first.timings
         props = {"cell": cell.id, "area": area, "axes": cell.axes(), "ranks": ranks, "metrics": metrics}
         self.node.user_properties.extend((k, json.dumps(v)) for k, v in props.items())
 
