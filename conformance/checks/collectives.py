@@ -56,17 +56,16 @@ def expected_counts(module: torch.nn.Module, sharding: str, bucketing: str) -> d
 def check(run: CellRecord) -> Findings:
     found = Findings()
     cell = run.cell
-    traces = final_traces(run.thunder_module).by_phase()
+    symbols = {phase: collective_symbols(t) for phase, t in final_traces(run.thunder_module).by_phase().items()}
     expected = expected_counts(run.reference, cell.sharding, cell.bucketing)
-    for phase, trace in traces.items():
-        symbols = collective_symbols(trace)
+    for phase, found_in in symbols.items():
         for kind in KINDS:
-            found.equal(f"{phase} {kind}s", len(symbols[kind]), expected[phase][kind])
-        gathered = collections.Counter(b.flat_proxy_args[0].name for b in symbols["all_gather"])
+            found.equal(f"{phase} {kind}s", len(found_in[kind]), expected[phase][kind])
+        gathered = collections.Counter(b.flat_proxy_args[0].name for b in found_in["all_gather"])
         twice = sorted(name for name, n in gathered.items() if n > 1)
         with found.expect(f"{phase} gathers each storage once"):
             assert not twice, f"gathered more than once: {twice}"
-    forward_gathers = collective_symbols(traces["forward"])["all_gather"]
+    forward_gathers = symbols["forward"]["all_gather"]
     found.equal(
         "forward all-gathered bytes",
         sum(proxy_bytes(b.flat_proxy_outs[0]) for b in forward_gathers),
