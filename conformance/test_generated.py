@@ -32,7 +32,7 @@ def test_generated_model_conforms(conformance, spec: dict, init: str, compositio
         composition=composition,
         tie="tied" if spec["ties"] else "untied",
         offload=offload,
-        world_size=conformance.runner.nproc,
+        world_size=conformance.runner.session.nproc,
         spec=json.dumps(spec, sort_keys=True),
     )
     note(f"replay: {conformance.replay_line(cell)}")

@@ -26,28 +26,27 @@ class Runner:
     """The controller's state for one pytest process: its worlds and every cell's outcome."""
 
     def __init__(self, config: pytest.Config) -> None:
-        self.nproc: int = config.getoption("nproc")
-        self.backend = resolve_backend(config.getoption("backend"), self.nproc)
+        nproc: int = config.getoption("nproc")
+        xfails_file: Path = config.getoption("xfails")
+        profile: str = config.getoption("profile")
+        self.cells = cells(profile, nproc)
+        # the run's options, kept once: the reports read them too
+        self.session = SessionInfo(
+            backend=resolve_backend(config.getoption("backend"), nproc),
+            nproc=nproc,
+            profile=profile,
+            isolate=config.getoption("isolate"),
+            xfails_file=xfails_file,
+            default_xfails=xfails_file == DEFAULT_XFAILS,
+            coverage=coverage(self.cells),
+        )
         self.cell_timeout: float = config.getoption("cell_timeout")
-        self.isolate: bool = config.getoption("isolate")
         worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
         self.slot = int(worker[2:]) if worker[2:].isdigit() else 0
         self.base_dir = Path(config.getoption("report_dir") or config.rootpath / ".conformance") / "worlds"
-        self.profile: str = config.getoption("profile")
-        self.cells = cells(self.profile, self.nproc)
         self.baseline = baseline.load(config.getoption("memory_baseline"))
-        self.xfails_file: Path = config.getoption("xfails")
-        self.expectations = xfails.load(self.xfails_file)
+        self.expectations = xfails.load(xfails_file)
         self.thunder_version = environment.version(environment.THUNDER_DIST)
-        self.session = SessionInfo(
-            backend=self.backend,
-            nproc=self.nproc,
-            profile=self.profile,
-            isolate=self.isolate,
-            xfails_file=self.xfails_file,
-            default_xfails=self.xfails_file == DEFAULT_XFAILS,
-            coverage=coverage(self.cells),
-        )
         self.worlds: dict[int, World] = {}
         self.outcomes: dict[str, Outcome] = {}
         # what a rank is asked to do for a cell; the kit's own tests swap in planted bugs
@@ -55,9 +54,8 @@ class Runner:
 
     def world(self, size: int) -> World:
         if size not in self.worlds:
-            spec = LaunchSpec(
-                nproc=size, backend=self.backend, cuda_devices=device_slice(self.backend, size, self.slot)
-            )
+            backend = self.session.backend
+            spec = LaunchSpec(nproc=size, backend=backend, cuda_devices=device_slice(backend, size, self.slot))
             self.worlds[size] = World(spec, base_dir=self.base_dir)
         return self.worlds[size]
 
@@ -65,7 +63,7 @@ class Runner:
         if cell.id not in self.outcomes:
             world = self.world(cell.world_size)
             self.outcomes[cell.id] = world.run(self.cell_task(cell), self.cell_timeout)
-            if self.isolate:
+            if self.session.isolate:
                 world.close()
         return self.outcomes[cell.id]
 
