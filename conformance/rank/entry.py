@@ -29,15 +29,16 @@ def run_cell(axes: dict[str, Any]) -> dict[str, Any]:
     built, as JSON for the controller."""
     cell = Cell(**axes)
     areas = [area for name, area in AREAS.items() if applies(cell, name)]
+    refused = expects_reset_error(cell)  # a negative cell: only its refusal is judged
     try:
         run = drive(cell)
     except Unsupported as exc:
         return CellResult(unsupported=str(exc)).to_json()
     except TypeError as exc:
-        if not expects_reset_error(cell):
+        if not refused:
             raise
         return CellResult({area.name: area.refusal(cell, exc) for area in areas}).to_json()
-    if expects_reset_error(cell):
+    if refused:
         return CellResult({area.name: area.refusal(cell, None) for area in areas}, run.timings).to_json()
     return CellResult({area.name: area.check(run) for area in areas}, run.timings).to_json()
 
