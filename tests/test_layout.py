@@ -70,14 +70,18 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     known = modules(root)
     graph: dict[str, set[str]] = {}
     for module, path in known.items():
+        # the package a relative import starts from (a package's __init__ is its own)
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
         targets: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                source = ".".join([*base, *([node.module] if node.module else [])])
                 for alias in node.names:
-                    sub = f"{node.module}.{alias.name}"
-                    targets.add(sub if sub in known else node.module)
+                    sub = f"{source}.{alias.name}"
+                    targets.add(sub if sub in known else source)
         graph[module] = {t for t in targets if t in known and t != module}
     return graph
 
@@ -152,8 +156,15 @@ def _append(path: Path, line: str) -> None:
         ("conformance/world/launch.py", "from conformance.matrix.cells import Cell", "launch (world) imports"),
         ("conformance/frontend/verdict.py", "import conformance.rank.entry", "verdict (frontend) imports"),
         ("conformance/reports/summary.py", "from conformance.frontend import runner", "summary (reports) imports"),
+        ("conformance/checks/memory.py", "from ..rank import measure", "memory (checks) imports"),
     ],
-    ids=["check-imports-rank", "world-imports-matrix", "frontend-imports-rank", "reports-import-frontend"],
+    ids=[
+        "check-imports-rank",
+        "world-imports-matrix",
+        "frontend-imports-rank",
+        "reports-import-frontend",
+        "relative-import-of-rank",
+    ],
 )
 def test_a_planted_back_import_is_caught(copy_of_the_kit: Path, module: str, line: str, says: str) -> None:
     _append(copy_of_the_kit / module, line)
