@@ -1,6 +1,7 @@
 """The verdict of one item: run (or reuse) its cell, then hold one check area of it to
 account. Failures are grouped by message across ranks; those that an xfails entry names
-become an expected failure, any other fails the item with a one-line repro."""
+become an expected failure, any other fails the item with a one-line repro, and an item that
+an entry covers but that conforms fails too, naming the stale entry by FILE:LINE."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from conformance.checks.findings import CellResult
 from conformance.checks.registry import AREAS, applies
 from conformance.frontend import baseline
 from conformance.frontend.runner import Runner
-from conformance.frontend.xfails import KnownNonConformance
+from conformance.frontend.xfails import Expectation, KnownNonConformance
 from conformance.matrix.cells import Cell
 from conformance.reports.outcomes import UNSUPPORTED
 from conformance.world import protocol
@@ -65,9 +66,11 @@ class Conformance:
             measured = results[0].areas[area].metrics["measured"]
             for msg in baseline.grown(self.runner.baseline.get(cell.id), measured):
                 failures.setdefault(msg, []).append(0)
-        if not failures:
-            return
         known = self.runner.known(cell, area)
+        if not failures:
+            if known:  # never a silent XPASS: the entry would mask the next regression
+                pytest.fail(_stale(cell, area, known, repro), pytrace=False)
+            return
         unexplained = [msg for msg in failures if not any(e.explains(msg) for e in known)]
         lines = [f"{cell.id} does not conform ({area}):"]
         lines += [
@@ -95,6 +98,15 @@ class Conformance:
             metrics["timings"] = first.timings
         props = {"cell": cell.id, "area": area, "axes": cell.axes(), "ranks": ranks, "metrics": metrics}
         self.node.user_properties.extend((k, json.dumps(v)) for k, v in props.items())
+
+
+def _stale(cell: Cell, area: str, known: list[Expectation], repro: str) -> str:
+    lines = [f"{cell.id} conforms ({area}), but xfails entries cover it:"]
+    lines += [
+        f"  {e.source}: stale: the item conforms now, so the entry must be removed or narrowed ({e.reason})"
+        for e in known
+    ]
+    return "\n".join([*lines, repro])
 
 
 def _by_message(pairs: Iterator[tuple[int, str]]) -> dict[str, list[int]]:

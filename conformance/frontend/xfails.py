@@ -1,28 +1,66 @@
 """Known non-conformances of the Thunder under test, read from an xfails file (TOML).
 
-An entry names the check area, the cells it covers (``when``: axis -> values), the failure
-messages it expects (substrings), a reason and a link, and optionally the Thunder versions it
-applies to. Only the failures it names become an expected failure: any other failure of the
-same item still fails, and an item that passes in spite of an entry is an unexpected pass.
+Each ``[[xfail]]`` entry names the check area, the cells it covers (``when``: axis -> values),
+the Thunder versions it holds for (``thunder``: PEP 440 specifier strings, any of which may
+contain the version under test, prereleases included), the failures it expects, a reason and a
+link. Every string of ``failures`` is a template of one whole failure message: literal text in
+which ``{}`` stands for exactly one number (an int or a decimal, optionally signed, optionally
+with an exponent). A failure is explained by an entry iff it matches one of its templates in
+full.
+
+Only the failures an entry names become an expected failure: any other failure of the same
+item still fails, and an item that an entry covers but that conforms fails as well, naming the
+entry as stale. Where the Thunder version is unknown (no package metadata, or not a PEP 440
+version) no entry covers anything: every failure then counts, and no entry is called stale.
+
+A file that cannot be read, is not TOML, or holds an unknown or missing field, a bad template
+or a bad specifier raises ``XfailsError`` with one line naming the file (and the entry's line).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:
     import tomli as tomllib
 
-from conformance.matrix.cells import Cell
+from conformance.checks.registry import AREAS
+from conformance.matrix.cells import AXES, Cell
+
+# what ``{}`` in a template stands for: one int or decimal, optionally signed, with an exponent
+NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+PLACEHOLDER = "{}"
+FIELDS = ("area", "when", "thunder", "failures", "reason", "link")
+_HEADER = re.compile(r"^\s*\[\[\s*xfail\s*\]\]")
 
 
 class KnownNonConformance(AssertionError):
     """Raised for an item whose every failure an xfails entry expects."""
+
+
+class XfailsError(ValueError):
+    """An xfails file that cannot be used; its message is one line naming the file."""
+
+
+def template_pattern(template: str) -> re.Pattern[str]:
+    """The regex a failure message must match in full: the literal parts of ``template``
+    escaped, each ``{}`` one number. Raises ValueError for any other brace."""
+    if not template.strip():
+        raise ValueError("a template is empty")
+    literals = template.split(PLACEHOLDER)
+    for literal in literals:
+        if "{" in literal or "}" in literal:
+            raise ValueError(f"template {template!r}: a brace other than {PLACEHOLDER} (one number)")
+    return re.compile(NUMBER.join(re.escape(literal) for literal in literals))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,22 +70,105 @@ class Expectation:
     failures: list[str]
     reason: str
     link: str
-    thunder: str | None = None
+    thunder: list[str]
+    source: str = "<xfails>"  # FILE:LINE of the entry's [[xfail]] header
+    patterns: tuple[re.Pattern[str], ...] = dataclasses.field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.patterns:
+            object.__setattr__(self, "patterns", tuple(template_pattern(t) for t in self.failures))
+
+    def holds_for(self, thunder_version: str | None) -> bool:
+        """Whether any of the entry's specifiers contains ``thunder_version`` (prereleases
+        included). An unknown or unparsable version is contained by none."""
+        if thunder_version is None:
+            return False
+        try:
+            version = Version(thunder_version)
+        except InvalidVersion:
+            return False
+        return any(SpecifierSet(spec, prereleases=True).contains(version) for spec in self.thunder)
 
     def covers(self, cell: Cell, area: str, thunder_version: str | None) -> bool:
-        if area != self.area:
+        if area != self.area or not self.holds_for(thunder_version):
             return False
-        if self.thunder is not None and thunder_version is not None:
-            from packaging.specifiers import SpecifierSet
-
-            if thunder_version not in SpecifierSet(self.thunder, prereleases=True):
-                return False
         return all(str(getattr(cell, axis)) in map(str, values) for axis, values in self.when.items())
 
     def explains(self, failure: str) -> bool:
-        return any(pattern in failure for pattern in self.failures)
+        return any(pattern.fullmatch(failure) for pattern in self.patterns)
+
+
+def _header_lines(text: str) -> list[int]:
+    return [n for n, line in enumerate(text.splitlines(), start=1) if _HEADER.match(line)]
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _entry(raw: Any, where: str) -> Expectation:
+    def bad(why: str) -> XfailsError:
+        return XfailsError(f"xfails file {where}: {why}")
+
+    if not isinstance(raw, dict):
+        raise bad("an [[xfail]] entry must be a table")
+    unknown = sorted(set(raw) - set(FIELDS))
+    if unknown:
+        raise bad(f"unknown field(s) {', '.join(unknown)} (fields: {', '.join(FIELDS)})")
+    missing = [f for f in FIELDS if f not in raw]
+    if missing:
+        raise bad(f"missing field(s) {', '.join(missing)}")
+    for field in ("area", "reason", "link"):
+        if not isinstance(raw[field], str) or not raw[field].strip():
+            raise bad(f"{field} must be a non-empty string")
+    if raw["area"] not in AREAS:
+        raise bad(f"unknown area {raw['area']!r} (areas: {', '.join(AREAS)})")
+    when = raw["when"]
+    if not isinstance(when, dict):
+        raise bad("when must be a table of axis = [values]")
+    for axis, values in when.items():
+        if axis not in AXES:
+            raise bad(f"when: unknown axis {axis!r} (axes: {', '.join(AXES)})")
+        if not isinstance(values, list) or not values:
+            raise bad(f"when: {axis} must be a non-empty list of values")
+    for field in ("thunder", "failures"):
+        if not isinstance(raw[field], list) or not raw[field] or not all(isinstance(s, str) for s in raw[field]):
+            raise bad(f"{field} must be a non-empty list of strings")
+    for spec in raw["thunder"]:
+        if not spec.strip():
+            raise bad("thunder: an empty specifier would hold for every version")
+        try:
+            SpecifierSet(spec)
+        except InvalidSpecifier:
+            raise bad(f"thunder: {spec!r} is not a PEP 440 version specifier (e.g. '==0.2.6')") from None
+    try:
+        patterns = tuple(template_pattern(t) for t in raw["failures"])
+    except ValueError as exc:
+        raise bad(f"failures: {exc}") from None
+    return Expectation(**raw, source=where, patterns=patterns)
 
 
 def load(path: Path) -> list[Expectation]:
-    raw: dict[str, Any] = tomllib.loads(path.read_text())
-    return [Expectation(**entry) for entry in raw.get("xfail", [])]
+    """The entries of the xfails file at ``path``, in order; XfailsError if it is unusable."""
+    name = _display(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise XfailsError(f"xfails file {name}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        raw: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise XfailsError(f"xfails file {name}: not valid TOML: {exc}") from None
+    unknown = sorted(set(raw) - {"xfail"})
+    if unknown:
+        raise XfailsError(f"xfails file {name}: unknown top-level key(s) {', '.join(unknown)} (only [[xfail]] entries)")
+    entries = raw.get("xfail", [])
+    if not isinstance(entries, list):
+        raise XfailsError(f"xfails file {name}: xfail must be an array of tables ([[xfail]])")
+    lines = _header_lines(text)
+    if len(lines) != len(entries):  # headers hidden in strings or written inline: no line to name
+        lines = [None] * len(entries)
+    return [_entry(entry, f"{name}:{line}" if line else name) for entry, line in zip(entries, lines, strict=True)]
