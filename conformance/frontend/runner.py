@@ -9,16 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from conformance.checks.findings import CellResult
 from conformance.frontend import baseline, xfails
 from conformance.matrix.cells import Cell
-from conformance.matrix.profiles import cells, coverage
+from conformance.matrix.profiles import cells
 from conformance.reports import environment
 from conformance.reports.session import SessionInfo
 from conformance.world import protocol
 from conformance.world.controller import Outcome, World
-from conformance.world.launch import ROOT, LaunchSpec, device_slice, resolve_backend
+from conformance.world.launch import ROOT, LaunchSpec, device_slice, resolve_backend, visible_cuda_devices
 
 RUN_CELL = "conformance.rank.entry:run_cell"  # named, never imported: the ranks import it
+PROBE = "conformance.rank.probe:probe_compositions"  # composition -> why unsupported, or None
 DEFAULT_XFAILS = ROOT / "xfails.toml"
 
 
@@ -28,8 +30,15 @@ class Runner:
     def __init__(self, config: pytest.Config) -> None:
         nproc: int = config.getoption("nproc")
         xfails_file: Path = config.getoption("xfails")
+        try:  # an unusable xfails file ends the run before any world starts: exit status 4
+            self.expectations = xfails.load(xfails_file)
+        except xfails.XfailsError as exc:
+            raise pytest.UsageError(str(exc)) from None
         profile: str = config.getoption("profile")
-        self.cells = cells(profile, nproc)
+        self._cells: list[Cell] | None = None  # picked once the worlds have probed compositions
+        self._unsupported: dict[str, str] | None = None
+        self._probe_failure: str | None = None
+        self._startup_owed: dict[int, float] = {}  # a world's start not yet charged to a cell
         # the run's options, kept once: the reports read them too
         self.session = SessionInfo(
             backend=resolve_backend(config.getoption("backend"), nproc),
@@ -38,19 +47,55 @@ class Runner:
             isolate=config.getoption("isolate"),
             xfails_file=xfails_file,
             default_xfails=xfails_file == DEFAULT_XFAILS,
-            coverage=coverage(self.cells),
         )
         self.cell_timeout: float = config.getoption("cell_timeout")
         worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
         self.slot = int(worker[2:]) if worker[2:].isdigit() else 0
         self.base_dir = Path(config.getoption("report_dir") or config.rootpath / ".conformance") / "worlds"
         self.baseline = baseline.load(config.getoption("memory_baseline"))
-        self.expectations = xfails.load(xfails_file)
         self.thunder_version = environment.version(environment.THUNDER_DIST)
         self.worlds: dict[int, World] = {}
         self.outcomes: dict[str, Outcome] = {}
         # what a rank is asked to do for a cell; the kit's own tests swap in planted bugs
         self.cell_task: Callable[[Cell], protocol.Task] = lambda cell: protocol.Task(RUN_CELL, {"axes": cell.axes()})
+
+    @property
+    def cells(self) -> list[Cell]:
+        """The profile's cells, over the compositions that the Thunder under test offers."""
+        if self._cells is None:
+            self._cells = cells(self.session.profile, self.session.nproc, self.unsupported)
+        return self._cells
+
+    @property
+    def unsupported(self) -> dict[str, str]:
+        """Composition -> why the Thunder under test does not offer it, as the ranks of a world
+        of the session's size find (asked once). A probe that does not complete is the kit's or
+        the world's failure: it fails collection, it never passes for support."""
+        if self._probe_failure is not None:
+            pytest.fail(f"the composition probe failed (see the first error): {self._probe_failure}", pytrace=False)
+        if self._unsupported is None:
+            world = self.world(self.session.nproc)
+            outcome = world.run(protocol.Task(PROBE), self.cell_timeout)
+            if self.session.isolate:
+                world.close()
+            elif outcome.ok:
+                self._startup_owed[self.session.nproc] = outcome.startup
+            if not outcome.ok:
+                self._probe_failure = f"{PROBE} did not complete on a world of {self.session.nproc} ranks"
+                pytest.fail(f"{self._probe_failure}\n{outcome.describe()}", pytrace=False)
+            self._unsupported = {}
+            for answer in outcome.values:
+                assert isinstance(answer, dict), answer
+                for name, reason in answer.items():
+                    if reason is not None:
+                        self._unsupported.setdefault(name, reason)
+        return self._unsupported
+
+    def _lacks_devices(self, size: int) -> str | None:
+        """Why a world of ``size`` ranks cannot exist here, or None."""
+        if self.session.backend == "nccl" and size > (visible := visible_cuda_devices()):
+            return f"a world of {size} ranks needs {size} GPUs under nccl, {visible} are visible"
+        return None
 
     def world(self, size: int) -> World:
         if size not in self.worlds:
@@ -61,8 +106,17 @@ class Runner:
 
     def run(self, cell: Cell) -> Outcome:
         if cell.id not in self.outcomes:
+            if (why := self._lacks_devices(cell.world_size)) is not None:
+                # every rank's answer, as a probe that refused the cell would give it
+                answer = CellResult(unsupported=why).to_json()
+                results = [protocol.RankResult(r, protocol.PASSED, answer) for r in range(cell.world_size)]
+                self.outcomes[cell.id] = Outcome(results, duration=0.0, startup=0.0)
+                return self.outcomes[cell.id]
             world = self.world(cell.world_size)
-            self.outcomes[cell.id] = world.run(self.cell_task(cell), self.cell_timeout)
+            outcome = world.run(self.cell_task(cell), self.cell_timeout)
+            # the probe's world start is charged to the first cell the world serves
+            outcome.startup += self._startup_owed.pop(cell.world_size, 0.0)
+            self.outcomes[cell.id] = outcome
             if self.session.isolate:
                 world.close()
         return self.outcomes[cell.id]

@@ -58,7 +58,7 @@ class Recipe:
     @property
     def source(self) -> int:
         """The rank whose weights every rank ends up with."""
-        return self.cell.world_size - 1 if self.init.broadcast else 0
+        return self.init.source(self.cell.world_size)
 
 
 def recipe(cell: Cell, device: torch.device) -> Recipe:

@@ -17,7 +17,6 @@ class SessionInfo:
     isolate: bool
     xfails_file: Path
     default_xfails: bool  # whether xfails_file is the kit's own (a repro need not name it)
-    coverage: dict[str, dict[str, int]]  # axis -> value -> cells selected
 
     def repro(self, nodeid: str) -> str:
         """The command line that reruns one item as this run ran it."""

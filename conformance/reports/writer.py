@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from conformance.matrix.cells import Cell
+from conformance.matrix.profiles import coverage, unmet_pairs
 from conformance.reports import environment
 from conformance.reports.figures import memory_figure
 from conformance.reports.outcomes import outcome, plain_nodeid
@@ -54,6 +56,8 @@ class Reporter:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         records = list(self.records.values())
         counts: dict[str, int] = {}
+        # coverage is of the cells that ran: one reported unsupported tested nothing
+        ran = {r["cell"]: Cell(**r["axes"]) for r in records if "axes" in r and r["outcome"] != "unsupported"}
         for rec in records:
             counts[rec["outcome"]] = counts.get(rec["outcome"], 0) + 1
         report = {
@@ -62,7 +66,8 @@ class Reporter:
             "wall_s": time.time() - self.started,
             # every world start is charged to the one cell that needed it (xdist workers too)
             "profile": self.session.profile,
-            "coverage": self.session.coverage,
+            "coverage": coverage(ran.values(), self.session.nproc),
+            "unmet_pairs": unmet_pairs(ran.values(), self.session.nproc),
             "xfails_file": str(self.session.xfails_file),
             "worlds_started": len({r["cell"] for r in records if r.get("metrics", {}).get("world_start_s", 0) > 0}),
             "isolate": self.session.isolate,

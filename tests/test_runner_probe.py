@@ -1,0 +1,78 @@
+"""The runner's choices before any cell runs, with a stand-in world (no world is started):
+the compositions probed once and the cells chosen over those that run, a probe that does
+not complete failing collection, and cells too large for the visible GPUs reported
+unsupported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conformance.checks.findings import CellResult
+from conformance.frontend import runner as runner_module
+from conformance.frontend.runner import PROBE, Runner
+from conformance.matrix.cells import Cell
+from conformance.matrix.profiles import cells
+from conformance.reports.session import SessionInfo
+from conformance.world import protocol
+from conformance.world.controller import Outcome
+
+LEGACY = "thunder.distributed.fsdp(nn.Module) raises TypeError: planted"
+
+
+class StandInWorld:
+    def __init__(self, size: int, answer: object, ok: bool = True) -> None:
+        self.size, self.answer, self.ok, self.tasks = size, answer, ok, []
+
+    def run(self, task: protocol.Task, timeout: float) -> Outcome:
+        self.tasks.append(task.fn)
+        status = protocol.PASSED if self.ok else protocol.FAILED
+        error = None if self.ok else "Traceback: planted probe failure"
+        results = [protocol.RankResult(r, status, self.answer, error) for r in range(self.size)]
+        return Outcome(results, duration=0.1, startup=2.0 if len(self.tasks) == 1 else 0.0)
+
+    def close(self) -> None:
+        pass
+
+
+def make_runner(world: StandInWorld, backend: str = "gloo", profile: str = "ci") -> Runner:
+    runner = Runner.__new__(Runner)  # the state __init__ reads from pytest's options
+    runner.session = SessionInfo(backend, world.size, profile, False, Path("xfails.toml"), True)
+    runner.cell_timeout = 10.0
+    runner._cells, runner._unsupported, runner._probe_failure, runner._startup_owed = None, None, None, {}
+    runner.worlds, runner.outcomes = {world.size: world}, {}
+    runner.cell_task = lambda cell: protocol.Task("stand.in:run", {"axes": cell.axes()})
+    return runner
+
+
+def test_the_probe_runs_once_and_the_cells_are_chosen_over_what_runs() -> None:
+    world = StandInWorld(2, {"fsdp_jit": None, "jit_fsdp": None, "legacy_jit_fsdp": LEGACY})
+    runner = make_runner(world)
+    assert runner.cells == cells("ci", 2, {"legacy_jit_fsdp": LEGACY})
+    assert runner.cells is runner.cells and world.tasks == [PROBE]
+    assert sum(c.composition == "legacy_jit_fsdp" for c in runner.cells) == 1
+    # the probe started the world: the first cell it serves is charged with that start
+    first = runner.run(next(c for c in runner.cells if c.world_size == 2))
+    assert first.startup == 2.0 and world.tasks[1] == "stand.in:run"
+
+
+def test_a_probe_that_does_not_complete_fails_collection_and_never_passes_for_support() -> None:
+    runner = make_runner(StandInWorld(2, None, ok=False))
+    with pytest.raises(pytest.fail.Exception, match=r"did not complete on a world of 2 ranks(?s:.)*planted probe"):
+        runner.cells  # noqa: B018
+    with pytest.raises(pytest.fail.Exception, match="the composition probe failed"):
+        runner.cells  # noqa: B018
+
+
+def test_a_cell_larger_than_the_visible_gpus_is_unsupported_under_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner_module, "visible_cuda_devices", lambda: 2)
+    world = StandInWorld(2, CellResult().to_json())
+    runner = make_runner(world, backend="nccl")
+    outcome = runner.run(Cell("mlp", "real", "fsdp_jit", world_size=4))
+    assert outcome.ok and len(outcome.results) == 4
+    assert {CellResult.from_json(v).unsupported for v in outcome.values} == {
+        "a world of 4 ranks needs 4 GPUs under nccl, 2 are visible"
+    }
+    assert world.tasks == []  # no world was asked
+    assert runner.run(Cell("mlp", "real", "fsdp_jit", world_size=2)).ok and world.tasks == ["stand.in:run"]
