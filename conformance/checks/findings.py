@@ -37,9 +37,10 @@ class Findings:
         expected: Mapping[str, torch.Tensor],
         per_name: Mapping[str, Mapping[str, float]] | None = None,
         **tol: float,
-    ) -> None:
+    ) -> bool:
         """assert_close per name (with ``per_name`` tolerances where given); the worst absolute
-        error over all names becomes a metric."""
+        error over all names becomes a metric. Whether every name was close."""
+        failures = len(self.failures)
         worst = 0.0
         for name, exp in expected.items():
             act = actual.get(name)
@@ -50,6 +51,7 @@ class Findings:
                 err = (act.double() - exp.double()).abs().max().item() if exp.numel() else 0.0
                 worst = max(worst, err if err == err else float("inf"))  # NaN counts as the worst
         self.metrics[f"{what} max_abs_err"] = worst
+        return len(self.failures) == failures
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -18,6 +18,7 @@ from conformance.matrix.cells import Cell
 from fixtures import inits
 
 Tensors = dict[str, torch.Tensor]
+MEASURED_STEP = 1  # the step whose memory is measured: the first compiles, the second shows the steady state
 
 
 @dataclasses.dataclass
@@ -32,24 +33,26 @@ class SetupRecord:
 
 
 @dataclasses.dataclass
-class StepRecord:
-    """The first training step: this rank's output and the full gradients."""
-
-    output: torch.Tensor  # this rank's output from the Thunder module
-    reference_output: torch.Tensor  # eager output on the same input
-    grads: Tensors  # full (unsharded) gradients gathered from every rank's shard
-    reference_grads: Tensors
-    golden_output: torch.Tensor | None = None  # float32 twin of the reference (low-precision cells)
-    golden_grads: Tensors | None = None
-
-
-@dataclasses.dataclass
 class ParametersAfter:
-    """Full parameters once the steps of one optimizer are done."""
+    """Full parameters after an optimizer step."""
 
     thunder: Tensors  # gathered from the shards
     reference: Tensors  # the eager reference, trained on every rank's batch
     golden: Tensors | None = None  # the float32 twin (low-precision cells)
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """One training step: this rank's output, the full gradients, the parameters after it."""
+
+    optimizer: str  # which optimizer took the step
+    output: torch.Tensor  # this rank's output from the Thunder module
+    reference_output: torch.Tensor  # eager output on the same input
+    grads: Tensors  # full (unsharded) gradients gathered from every rank's shard
+    reference_grads: Tensors
+    after: ParametersAfter
+    golden_output: torch.Tensor | None = None  # float32 twin of the reference (low-precision cells)
+    golden_grads: Tensors | None = None
 
 
 @dataclasses.dataclass
@@ -74,13 +77,19 @@ class SavedTensor:
 
 @dataclasses.dataclass
 class MemoryRecord:
-    """Bytes on the rank's device. Peaks are of what a phase allocated while it ran (setup,
-    and the forward, backward and optimizer step of the measured step)."""
+    """Bytes on the rank's device. Setup's peak is of what setup allocated; the forward,
+    backward and optimizer step of the measured step are read from the end of setup, so they
+    include what earlier phases left alive (see ``conformance/rank/measure.Ledger``)."""
 
-    peaks: dict[str, int]  # phase -> peak bytes allocated during it
+    peaks: dict[str, int]  # phase -> peak bytes: setup's own; forward, backward, step from the end of setup
     eager_peaks: dict[str, int]  # setup, forward and backward of the eager model on this rank's input
-    alive_after_setup: int  # every live storage right after setup, less the kit's own tensors
+    alive_after_setup: int  # every live storage of more than one element right after setup, less the kit's own
+    scalars_after_setup: int  # storages of one element alive then (0-d tensors: counted, not summed)
     alive_after_forward: int  # what the measured forward allocated and left alive at its end
+    held_after_backward: list[int]  # the same after each backward (the forward's result released)
+    held_after_step: list[int]  # bytes the Thunder side allocated in training and still held after each step
+    step_peaks: list[int]  # each optimizer step's peak over what was held just before it
+    eager_step_peaks: list[int]  # the same optimizer's, stepping eager tensors of the shard shapes
     saved: list[SavedTensor | None] | None  # held by the autograd node between forward and backward
 
 
@@ -94,11 +103,19 @@ class CellRecord:
     reference: nn.Module  # eager single-process model, stepped alongside
     thunder_module: Any  # live, for its final traces
     setup: SetupRecord
-    first_step: StepRecord
-    after: dict[str, ParametersAfter]  # optimizer name -> parameters after its steps, in order
+    steps: list[StepRecord]  # every training step, in order
     state_dict: StateDictRecord
     memory: MemoryRecord
     timings: dict[str, float]
+
+    @property
+    def before(self) -> ParametersAfter:
+        """Full parameters right after setup, as the first step starts from them (under
+        module init the reference adopted Thunder's; the float32 twin starts from the
+        reference's values, upcast)."""
+        ref = self.setup.reference_initial if self.init.values_from_reference else self.setup.initial
+        golden = {n: t.float() for n, t in ref.items()} if self.dtype != torch.float32 else None
+        return ParametersAfter(thunder=self.setup.initial, reference=ref, golden=golden)
 
     @property
     def init(self) -> inits.InitMode:

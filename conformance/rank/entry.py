@@ -54,7 +54,6 @@ def drive(cell: Cell) -> CellRecord:
     alive_after_setup = measure.census(parts.device, reference.kit_pointers())
     setup = record_setup(parts, reference, tm)
     training = train(parts, reference, tm, rank, world)
-    assert training.first_step is not None
     state_dict = round_trip_state_dict(parts, reference, tm)
     return CellRecord(
         cell=cell,
@@ -65,14 +64,18 @@ def drive(cell: Cell) -> CellRecord:
         reference=reference.module,
         thunder_module=tm,
         setup=setup,
-        first_step=training.first_step,
-        after=training.after,
+        steps=training.steps,
         state_dict=state_dict,
         memory=MemoryRecord(
             peaks={"setup": composed.setup_peak, **training.peaks},
             eager_peaks={"setup": reference.setup_peak, **training.eager_peaks},
-            alive_after_setup=alive_after_setup,
+            alive_after_setup=alive_after_setup.nbytes,
+            scalars_after_setup=alive_after_setup.scalars,
             alive_after_forward=training.alive_after_forward,
+            held_after_backward=training.held_after_backward,
+            held_after_step=training.held_after_step,
+            step_peaks=training.step_peaks,
+            eager_step_peaks=training.eager_step_peaks,
             saved=training.saved,
         ),
         timings={"setup_s": composed.setup_s, **training.timings},

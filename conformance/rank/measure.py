@@ -87,6 +87,52 @@ def measure(device: torch.device, settle: bool = False) -> Iterator[Reading]:
     reading.peak, reading.alive = tracker.peak, tracker.live
 
 
+class Ledger:
+    """What the Thunder side allocated since training began and still holds, kept across
+    the phases of every step; the eager reference's work between phases is not counted.
+
+    Phases are measured in absolute terms, from the ledger's zero (the end of setup): a
+    phase's peak includes what earlier phases left alive (the optimizer state, the forward's
+    saved tensors during the backward), so that every bound reads as "a rank holds at most".
+    On CUDA the allocator's statistics give the same numbers, as deltas of each phase.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.held = 0  # bytes allocated by the Thunder side and alive now
+        self._tracker = _StorageTracker(device) if device.type != "cuda" else None
+
+    @contextlib.contextmanager
+    def phase(self, settle: bool = False) -> Iterator[Reading]:
+        """The phase's peak and what is held at its end, both from the ledger's zero."""
+        reading = Reading()
+        tracker = self._tracker
+        if tracker is None:
+            torch.cuda.synchronize(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            yield reading
+            torch.cuda.synchronize(self.device)
+            reading.peak = self.held + torch.cuda.max_memory_allocated(self.device) - base
+            self.held += torch.cuda.memory_allocated(self.device) - base
+            reading.alive = self.held
+            return
+        tracker.peak = tracker.live
+        with tracker:
+            yield reading
+            if settle:
+                _settle(tracker)
+        reading.peak = tracker.peak
+        reading.alive = self.held = tracker.live
+
+    def read(self) -> int:
+        """What is held now (frees since the last phase included)."""
+        if self._tracker is not None:
+            gc.collect()
+            self.held = self._tracker.live
+        return self.held
+
+
 def _settle(tracker: _StorageTracker, step_s: float = 0.002, tries: int = 25) -> None:
     """Wait until the tracker's live bytes stop changing: gloo's worker threads let go of a
     finished collective's buffers a moment after ``wait()`` has returned."""
@@ -97,11 +143,19 @@ def _settle(tracker: _StorageTracker, step_s: float = 0.002, tries: int = 25) ->
             return
 
 
-def census(device: torch.device, exclude: set[int]) -> int:
-    """Bytes of every distinct tensor storage alive on ``device``, less those in ``exclude``
-    (data pointers of tensors the kit itself holds)."""
+@dataclasses.dataclass
+class Census:
+    """Distinct tensor storages alive on a device."""
+
+    nbytes: int  # bytes of every storage of more than one element
+    scalars: int  # storages of one element (0-d tensors a module may keep: counted, not summed)
+
+
+def census(device: torch.device, exclude: set[int]) -> Census:
+    """Every distinct tensor storage alive on ``device``, less those in ``exclude`` (data
+    pointers of tensors the kit itself holds)."""
     gc.collect()
-    seen: dict[int, int] = {}
+    seen: dict[int, tuple[int, int]] = {}
     for obj in gc.get_objects():
         try:
             if not isinstance(obj, torch.Tensor) or obj.device != device or obj.is_meta:
@@ -111,8 +165,9 @@ def census(device: torch.device, exclude: set[int]) -> int:
             continue
         ptr = storage.data_ptr()
         if ptr and ptr not in exclude:
-            seen[ptr] = storage.nbytes()
-    return sum(seen.values())
+            seen[ptr] = (storage.nbytes(), obj.element_size())
+    scalars = [ptr for ptr, (nbytes, size) in seen.items() if nbytes <= size]
+    return Census(sum(n for n, _ in seen.values()) - sum(seen[p][0] for p in scalars), len(scalars))
 
 
 def pointers(*tensors: torch.Tensor) -> set[int]:

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from conformance.checks.record import ParametersAfter, SavedTensor, StepRecord
+from conformance.checks.record import MEASURED_STEP, ParametersAfter, SavedTensor, StepRecord
+from conformance.checks.storages import distinct_storages
 from conformance.rank.build import SEED, Recipe, Reference
 from conformance.rank.gather import gather, snapshot
-from conformance.rank.measure import measure
+from conformance.rank.measure import Ledger, measure
 
 STEPS = 3  # per optimizer: SGD, then AdamW
 # Small steps: trajectories that jump far amplify rounding differences chaotically and would
@@ -32,16 +33,20 @@ OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
     # key bias): Adam would normalize that noise into full-size steps
     "AdamW": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1, eps=1e-6),
 }
-MEASURED_STEP = 1  # the first step compiles; the second shows the steady state
 
 
 @dataclasses.dataclass
 class Training:
-    first_step: StepRecord | None = None  # set by step 0
-    after: dict[str, ParametersAfter] = dataclasses.field(default_factory=dict)  # optimizer -> after its steps
+    steps: list[StepRecord] = dataclasses.field(default_factory=list)  # every step, in order
     peaks: dict[str, int] = dataclasses.field(default_factory=dict)  # forward, backward, step -> peak bytes
     eager_peaks: dict[str, int] = dataclasses.field(default_factory=dict)  # forward, backward of eager
     alive_after_forward: int = 0  # bytes the measured forward allocated and left alive
+    held_after_backward: list[int] = dataclasses.field(default_factory=list)  # the ledger after each backward
+    held_after_step: list[int] = dataclasses.field(default_factory=list)  # ... after each step (gradients zeroed)
+    # each optimizer step's peak over what was held before it, and the same optimizer's on
+    # eager tensors of the shard shapes
+    step_peaks: list[int] = dataclasses.field(default_factory=list)
+    eager_step_peaks: list[int] = dataclasses.field(default_factory=list)
     saved: list[SavedTensor | None] | None = None  # held by the autograd node after the measured forward
     timings: dict[str, float] = dataclasses.field(default_factory=dict)  # step<i>_s -> seconds
 
@@ -56,7 +61,11 @@ def generator(*key: int) -> torch.Generator:
 
 @dataclasses.dataclass
 class _Lockstep:
-    """The models that train in lockstep on one global batch, and what they record."""
+    """The models that train in lockstep on one global batch, and what they record.
+
+    Only the Thunder module's work runs inside the ledger's phases: the reference's and the
+    twin's steps in between are the kit's, not the rank's memory under test.
+    """
 
     recipe: Recipe
     reference: Reference
@@ -66,18 +75,24 @@ class _Lockstep:
     world: int
     training: Training = dataclasses.field(default_factory=Training)
 
-    def optimizers(self, make: Callable[[Any], torch.optim.Optimizer]) -> list[torch.optim.Optimizer | None]:
-        """One per model, the Thunder module's first."""
-        thunder, reference = make(self.thunder.parameters()), make(self.reference.module.parameters())
-        return [thunder, reference, make(self.golden.parameters()) if self.golden is not None else None]
+    def __post_init__(self) -> None:
+        self.ledger = Ledger(self.recipe.device)
+        self.shard_twins = _shard_twins(self.reference.module, self.world, self.recipe.device)
 
-    def step(self, step: int, optimizers: list[torch.optim.Optimizer | None]) -> None:
-        """One step of every model; step 0 keeps outputs and gradients, the measured step its memory."""
+    def optimizers(self, make: Callable[[Any], torch.optim.Optimizer]) -> list[torch.optim.Optimizer | None]:
+        """One per model, the Thunder module's first, the shard twins' last."""
+        thunder, reference = make(self.thunder.parameters()), make(self.reference.module.parameters())
+        golden = make(self.golden.parameters()) if self.golden is not None else None
+        return [thunder, reference, golden, make(self.shard_twins)]
+
+    def step(self, step: int, optimizer: str, optimizers: list[torch.optim.Optimizer | None]) -> None:
+        """One step of every model, recorded; the measured step also records its memory."""
         device, dtype, tm, rank = self.recipe.device, self.recipe.dtype, self.thunder, self.rank
-        reference, golden, training = self.reference.module, self.golden, self.training
+        reference, golden, training, ledger = self.reference.module, self.golden, self.training, self.ledger
         measured = step == MEASURED_STEP
         inputs = [self.recipe.fixture.make_input(generator(step, r), dtype).to(device) for r in range(self.world)]
-        with measure(device, settle=measured) as forward:
+        held_before = ledger.read()
+        with ledger.phase(settle=measured) as forward:
             out = tm(inputs[rank])
         if measured:
             training.saved = _saved_tensors(out)
@@ -85,37 +100,60 @@ class _Lockstep:
         cotangents = [
             torch.randn(o.shape, generator=generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
         ]
-        loss = (out * cotangents[rank]).mean()
-        with measure(device) as backward:
+        output = out.detach().clone().cpu()
+        with ledger.phase() as backward:
+            loss = (out * cotangents[rank]).mean()
             loss.backward()
+            del out, loss  # the kit's last references to the forward's result
+        training.held_after_backward.append(ledger.read())
         if measured:
             training.eager_peaks.update(_eager_peaks(reference, inputs[rank], cotangents[rank], device))
+            if golden is not None:  # the float32 twin's, where the cell computes below float32
+                twin = _eager_peaks(golden, _float(inputs[rank]), cotangents[rank].float(), device)
+                training.eager_peaks.update({f"float32 {k}": v for k, v in twin.items()})
         # FSDP averages gradients over ranks: the reference loss is the mean of the ranks' losses.
         _mean_loss(ref_outs, cotangents).backward()
         golden_outs = None
         if golden is not None:
-            golden_outs = [golden(x if not x.is_floating_point() else x.float()) for x in inputs]
+            golden_outs = [golden(_float(x)) for x in inputs]
             _mean_loss(golden_outs, [c.float() for c in cotangents]).backward()
-        if step == 0:
-            training.first_step = StepRecord(
-                output=out.detach().cpu(),
-                reference_output=ref_outs[rank].detach().cpu(),
-                grads=gather(tm, self.reference.shapes, grads=True),
-                reference_grads=snapshot(reference, grads=True),
-                golden_output=None if golden_outs is None else golden_outs[rank].detach().cpu(),
-                golden_grads=None if golden is None else snapshot(golden, grads=True),
-            )
+        grads = gather(tm, self.reference.shapes, grads=True)
+        reference_grads = snapshot(reference, grads=True)
+        golden_grads = None if golden is None else snapshot(golden, grads=True)
         thunder_opt = optimizers[0]
-        with measure(device) as optimizer_step:
+        held_before_step = ledger.read()
+        with ledger.phase() as optimizer_step:
             thunder_opt.step()
-        for o in optimizers:
+        with measure(device) as twin_step:
+            optimizers[-1].step()
+        training.step_peaks.append(optimizer_step.peak - held_before_step)
+        training.eager_step_peaks.append(twin_step.peak)
+        for o in optimizers[1:-1]:
             if o is not None:
-                if o is not thunder_opt:
-                    o.step()
+                o.step()
                 o.zero_grad(set_to_none=True)
+        with ledger.phase():
+            thunder_opt.zero_grad(set_to_none=True)
+        training.held_after_step.append(ledger.read())
+        training.steps.append(
+            StepRecord(
+                optimizer=optimizer,
+                output=output,
+                reference_output=ref_outs[rank].detach().cpu(),
+                grads=grads,
+                reference_grads=reference_grads,
+                after=ParametersAfter(
+                    thunder=gather(tm, self.reference.shapes),
+                    reference=snapshot(reference),
+                    golden=snapshot(golden) if golden is not None else None,
+                ),
+                golden_output=None if golden_outs is None else golden_outs[rank].detach().cpu(),
+                golden_grads=golden_grads,
+            )
+        )
         if measured:
             training.peaks.update(forward=forward.peak, backward=backward.peak, step=optimizer_step.peak)
-            training.alive_after_forward = forward.alive
+            training.alive_after_forward = forward.alive - held_before
 
 
 def train(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) -> Training:
@@ -130,14 +168,9 @@ def train(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) 
         optimizers = lockstep.optimizers(make_opt)
         for _ in range(STEPS):
             began = time.perf_counter()
-            lockstep.step(step, optimizers)
+            lockstep.step(step, opt_name, optimizers)
             training.timings[f"step{step}_s"] = time.perf_counter() - began
             step += 1
-        training.after[opt_name] = ParametersAfter(
-            thunder=gather(tm, reference.shapes),
-            reference=snapshot(reference.module),
-            golden=snapshot(golden) if golden is not None else None,
-        )
     return training
 
 
@@ -165,6 +198,23 @@ def _eager_peaks(
     with measure(device) as backward:
         torch.autograd.grad(loss, [p for p in reference.parameters() if p.requires_grad])
     return {"forward": forward.peak, "backward": backward.peak}
+
+
+def _shard_twins(module: nn.Module, world: int, device: torch.device) -> list[torch.Tensor]:
+    """Eager tensors of the shard shapes the model implies (dim 0 padded to the world size
+    and split), one per trainable storage, with zero gradients: for an optimizer to step
+    beside the Thunder module's, so that what the optimizer itself allocates is measured."""
+    twins = []
+    for p in distinct_storages(module, trainable_only=True).values():
+        shape = (-(-p.shape[0] // world), *p.shape[1:]) if p.dim() else ()
+        t = torch.zeros(shape, dtype=p.dtype, device=device, requires_grad=True)
+        t.grad = torch.zeros_like(t)
+        twins.append(t)
+    return twins
+
+
+def _float(x: torch.Tensor) -> torch.Tensor:
+    return x.float() if x.is_floating_point() else x
 
 
 def _mean_loss(outputs: list[torch.Tensor], cotangents: list[torch.Tensor]) -> torch.Tensor:

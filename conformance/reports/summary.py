@@ -42,25 +42,13 @@ def summary(report: dict[str, Any], repro: Callable[[str], str], figure: str | N
             marks = [MARKS.get(row.get(a, ""), "–") for a in areas]
             lines.append("| " + " | ".join([*(str(row["axes"][a]) for a in varying), *marks]) + " |")
         lines.append("")
-    lines += [f"Profile **{report['profile']}**; cells per axis value:", ""]
+    lines += [f"Profile **{report['profile']}**; cells that ran (not unsupported) per axis value:", ""]
     lines += [
         f"- {axis}: " + ", ".join(f"{value} {n}" for value, n in values.items())
         for axis, values in report["coverage"].items()
     ]
-    lines.append("")
-    ratios = [
-        (c["metrics"][key]["ratio"], c["cell"], key)
-        for c in report["cells"]
-        if c.get("area") == "memory"
-        for key in ("setup peak", "forward peak", "backward peak")
-        if (c.get("metrics", {}).get(key) or {}).get("ratio") is not None
-    ]
-    if ratios:
-        lines += ["## Memory: highest measured / estimated peaks", "", "| ratio | phase | cell |", "|---|---|---|"]
-        lines += [f"| {r:.2f} | {key.split()[0]} | `{cell}` |" for r, cell, key in sorted(ratios, reverse=True)[:8]]
-        if figure:
-            lines += ["", f"![measured against estimated memory]({figure})"]
-        lines.append("")
+    lines += ["", *_unmet(report["coverage"], report["unmet_pairs"])]
+    lines += _memory(report, figure)
     failed = [c for c in report["cells"] if c["outcome"] in ("failed", "error")]
     if failed:
         lines += ["## Failures", ""]
@@ -81,3 +69,60 @@ def summary(report: dict[str, Any], repro: Callable[[str], str], figure: str | N
         lines += [f"- `{c['id']}`" for c in xpassed]
         lines.append("")
     return "\n".join(lines)
+
+
+def _unmet(coverage: dict[str, dict[str, int]], unmet: list[dict[str, Any]], shown: int = 30) -> list[str]:
+    """The pairs of axis values that met in no cell that ran; those of a value that ran in no
+    cell at all (an unsupported composition) counted in one line."""
+    if not unmet:
+        return ["Every pair of values of two axes met in a cell that ran.", ""]
+    lines = [f"{len(unmet)} pairs of axis values met in no cell that ran:", ""]
+    never = {(a, str(v)) for a, values in coverage.items() for v, n in values.items() if n == 0}
+    rest = []
+    for value in sorted(never):
+        pairs = [p for p in unmet if any((a, str(v)) == value for a, v in p.items())]
+        lines.append(f"- {value[0]}={value[1]} ran in no cell: its {len(pairs)} pairs")
+    for pair in unmet:
+        if not any((a, str(v)) in never for a, v in pair.items()):
+            rest.append(" × ".join(f"{a}={v}" for a, v in pair.items()))
+    lines += [f"- {p}" for p in rest[:shown]]
+    if len(rest) > shown:
+        lines.append(f"- … and {len(rest) - shown} more (report.json: unmet_pairs)")
+    lines.append("")
+    return lines
+
+
+PHASES = ("setup", "forward", "backward")
+
+
+def _memory(report: dict[str, Any], figure: str | None) -> list[str]:
+    """Bound / measured per cell and phase (rank 0), with the exact checks' state: the headroom
+    a regression has before a bound catches it."""
+    rows = []
+    for c in report["cells"]:
+        metrics = c.get("metrics", {}) if c.get("area") == "memory" else {}
+        if not all(f"{p} peak" in metrics for p in PHASES):
+            continue
+        ratios = [(metrics[f"{p} peak"] or {}).get("bound / measured") for p in PHASES]
+        held = [
+            all(h.get("measured") == h.get("expected") for h in metrics.get(key, []))
+            for key in ("held after backward", "held after the step")
+        ]
+        rows.append((c["cell"], ratios, all(held)))
+    if not rows:
+        return []
+    lines = [
+        "## Memory: bound / measured per cell",
+        "",
+        "Peaks of rank 0 (1.00: measured at the bound); *held exact*: what every backward and every",
+        "step left held equals the model's arithmetic to the byte.",
+        "",
+        "| cell | setup | forward | backward | held exact |",
+        "|---|---|---|---|---|",
+    ]
+    for cell, ratios, exact in rows:
+        shown = [f"{r:.2f}" if r is not None else "–" for r in ratios]
+        lines.append(f"| `{cell}` | " + " | ".join(shown) + f" | {'yes' if exact else 'no'} |")
+    if figure:
+        lines += ["", f"![measured against estimated memory]({figure})"]
+    return [*lines, ""]
