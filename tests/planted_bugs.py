@@ -265,6 +265,262 @@ def offload_keeps_source() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _during_module_init(patch: Callable[[Any, pytest.MonkeyPatch], None]) -> Iterator[None]:
+    """Apply ``patch(thunder_module, monkeypatch)`` only while module init materializes the
+    parameters (not for the non-persistent buffers, nor for later state-dict loads)."""
+    import thunder.transforms.materialization as materialization
+
+    original = materialization.module_init_from_original_module_init
+
+    def init(transform: Any, tm: Any, *args: Any, non_persistent_only: bool = False, **kwargs: Any) -> Any:
+        with pytest.MonkeyPatch.context() as inner:
+            if not non_persistent_only:
+                patch(tm, inner)
+            return original(transform, tm, *args, non_persistent_only=non_persistent_only, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(materialization, "module_init_from_original_module_init", init)
+        yield
+
+
+def _linears(tm: Any, untied: bool = False) -> list[Any]:
+    """The model's nn.Linear modules (``untied``: those whose weight no other module shares)."""
+    from torch import nn
+
+    uses: dict[int, int] = {}
+    for _, p in tm._model.named_parameters(remove_duplicate=False):
+        uses[id(p)] = uses.get(id(p), 0) + 1
+    linears = [m for m in tm._model.modules() if isinstance(m, nn.Linear)]
+    return [m for m in linears if not untied or uses[id(m.weight)] == 1]
+
+
+def _after_reset(mp: pytest.MonkeyPatch, marked: Any, change: Callable[[Any], None]) -> None:
+    """After ``reset_parameters`` of the module copy Thunder makes of ``marked``, ``change`` it."""
+    import torch
+    from torch import nn
+
+    marked._planted = True  # copy.copy carries it to Thunder's module copy
+    reset = nn.Linear.reset_parameters
+
+    def reset_parameters(self: Any) -> None:
+        reset(self)
+        if getattr(self, "_planted", False):
+            with torch.no_grad():
+                change(self)
+
+    mp.setattr(nn.Linear, "reset_parameters", reset_parameters)
+
+
+@contextlib.contextmanager
+def module_init_draws_wider() -> Iterator[None]:
+    """Module init draws the largest untied Linear weight from a uniform 5% wider than
+    Linear.reset_parameters' (about 5% of its values land just outside the bound)."""
+
+    def patch(tm: Any, mp: pytest.MonkeyPatch) -> None:
+        largest = max(_linears(tm, untied=True), key=lambda m: m.weight.numel())
+        _after_reset(mp, largest, lambda m: m.weight.mul_(1.05))
+
+    with _during_module_init(patch):
+        yield
+
+
+@contextlib.contextmanager
+def shards_copied_from_rank0() -> Iterator[None]:
+    """Under module init every rank keeps rank 0's shard of the first weight (a 2-d parameter):
+    in bounds and distributed right, but the ranks' shards are copies of one another."""
+    import thunder.distributed.transforms.fsdp_v2 as fsdp_v2
+
+    def patch(tm: Any, mp: pytest.MonkeyPatch) -> None:
+        first = next(n for n, p in tm._model.named_parameters() if p.dim() == 2)
+        original = fsdp_v2._shard_tensor
+
+        def shard(param: Any, rank: int, world_size: int, name: str, *args: Any, **kwargs: Any) -> Any:
+            return original(param, 0 if name == first else rank, world_size, name, *args, **kwargs)
+
+        mp.setattr(fsdp_v2, "_shard_tensor", shard)
+
+    with _during_module_init(patch):
+        yield
+
+
+@contextlib.contextmanager
+def small_tensor_constant() -> Iterator[None]:
+    """Module init fills the smallest Linear bias (or, in a model without biases, the smallest
+    untied Linear weight) with one constant inside its bounds, a quarter of the way to
+    1/√fan_in: on ≤ 7 values even a KS test against the exact uniform passes."""
+
+    def patch(tm: Any, mp: pytest.MonkeyPatch) -> None:
+        biases = [(m, "bias") for m in _linears(tm) if m.bias is not None]
+        module, leaf = min(
+            biases or [(m, "weight") for m in _linears(tm, untied=True)],
+            key=lambda c: getattr(c[0], c[1]).numel(),
+        )
+        _after_reset(mp, module, lambda m: getattr(m, leaf).fill_(0.25 / m.in_features**0.5))
+
+    with _during_module_init(patch):
+        yield
+
+
+@contextlib.contextmanager
+def _thunder_steps() -> Iterator[list[int]]:
+    """Counts the Thunder module's forward calls (one per training step): [steps begun]."""
+    from thunder.core.module import ThunderModule
+
+    original, begun = ThunderModule.forward, [0]
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        begun[0] += 1
+        return original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ThunderModule, "forward", forward)
+        yield begun
+
+
+@contextlib.contextmanager
+def _reduce_scatter_output(change: Callable[[Any], None]) -> Iterator[None]:
+    """Every reduce-scatter's output goes through ``change`` once the collective is done."""
+    import torch.distributed as dist
+
+    original = dist.reduce_scatter_tensor
+
+    class Changed:
+        """The collective's work, changing the output once waited for (gloo writes the
+        output when the work is waited for, not before)."""
+
+        def __init__(self, work: Any, output: Any) -> None:
+            self.work, self.output, self.changed = work, output, False
+
+        def wait(self, *args: Any, **kwargs: Any) -> Any:
+            result = self.work.wait(*args, **kwargs)
+            if not self.changed:
+                self.changed = True
+                change(self.output)
+            return result
+
+    def reduce_scatter_tensor(output: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+        work = original(output, input, *args, **kwargs)
+        if work is None:
+            change(output)
+            return None
+        return Changed(work, output)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dist, "reduce_scatter_tensor", reduce_scatter_tensor)
+        yield
+
+
+@contextlib.contextmanager
+def gradient_off_later_step() -> Iterator[None]:
+    """The reduced gradients of one later step (step 4, AdamW's second, whose update is
+    nearly scale-invariant) come out 1% too large."""
+    with _thunder_steps() as begun, _reduce_scatter_output(lambda out: out.mul_(1.01) if begun[0] == 5 else None):
+        yield
+
+
+@contextlib.contextmanager
+def gradient_off_on_last_rank() -> Iterator[None]:
+    """On the last rank only, every reduced gradient shard comes out 1% too large."""
+    import torch.distributed as dist
+
+    def change(out: Any) -> None:
+        if dist.get_rank() == dist.get_world_size() - 1:
+            out.mul_(1.01)
+
+    with _reduce_scatter_output(change):
+        yield
+
+
+@contextlib.contextmanager
+def bfloat16_gradients_scaled() -> Iterator[None]:
+    """Reduced gradients in bfloat16 (and only those) come out 2% too large, as if a loss
+    scale were undone with a rounded factor."""
+    import torch
+
+    with _reduce_scatter_output(lambda out: out.mul_(1.02) if out.dtype == torch.bfloat16 else None):
+        yield
+
+
+@contextlib.contextmanager
+def shard_copy_kept() -> Iterator[None]:
+    """The first forward keeps a copy of one parameter's shard (the largest) for good."""
+    from thunder.core.module import ThunderModule
+
+    original, kept = ThunderModule.forward, []
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not kept:
+            kept.append(max(self.parameters(), key=lambda p: p.numel()).detach().clone())
+        return original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ThunderModule, "forward", forward)
+        yield
+
+
+@contextlib.contextmanager
+def tensor_leaked_per_step() -> Iterator[None]:
+    """Every forward leaves one small tensor (two float32 elements) behind."""
+    import torch
+    from thunder.core.module import ThunderModule
+
+    original, kept = ThunderModule.forward, []
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        kept.append(torch.zeros(2, device=out.device))
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ThunderModule, "forward", forward)
+        yield
+
+
+@contextlib.contextmanager
+def zero3_originals_kept() -> Iterator[None]:
+    """Under ZERO3 only, FSDP keeps the unsharded original parameters beside the shards."""
+    from thunder.distributed import FSDPType
+    from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
+
+    original = FSDPTransform.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if self.sharding_strategy == FSDPType.ZERO3:
+            self.release_original_parameters = False
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FSDPTransform, "__init__", init)
+        yield
+
+
+@contextlib.contextmanager
+def bucketed_gradients_not_averaged() -> Iterator[None]:
+    """With a bucketing strategy (and only then), gradients are summed over ranks, not averaged."""
+    from thunder.core import transforms
+    from thunder.distributed import FSDPBucketingStrategy
+    from thunder.distributed.prims import DistributedReduceOps, PrimIDs, reduce_scatter
+    from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
+
+    bucketed = [False]
+    original_init, original_backward = FSDPTransform.__init__, transforms.backward_impls[PrimIDs.SYNCHRONIZE]
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        bucketed[0] = self.bucketing_strategy != FSDPBucketingStrategy.NONE
+
+    def backward(distparallel_type: Any, group: Any, grad: Any) -> Any:
+        if not bucketed[0]:
+            return original_backward(distparallel_type, group, grad)
+        return reduce_scatter(grad, DistributedReduceOps.SUM, group, do_async=True).wait(), None
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FSDPTransform, "__init__", init)
+        mp.setitem(transforms.backward_impls, PrimIDs.SYNCHRONIZE, backward)
+        yield
+
+
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     f.__name__: f
     for f in (
@@ -282,6 +538,16 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         load_after_consumer,
         policy_offloads_nothing,
         offload_keeps_source,
+        module_init_draws_wider,
+        shards_copied_from_rank0,
+        small_tensor_constant,
+        gradient_off_later_step,
+        gradient_off_on_last_rank,
+        bfloat16_gradients_scaled,
+        shard_copy_kept,
+        tensor_leaked_per_step,
+        zero3_originals_kept,
+        bucketed_gradients_not_averaged,
     )
 }
 

@@ -1,8 +1,10 @@
 """Every check is shown to fail: a bug planted in Thunder inside the ranks (tests/planted_bugs.py)
 makes the suite fail on exactly the cells and check areas it should, saying why.
 
-The suite runs its smoke profile here (one cell per kind of check); expectations are
-predicates over cells, so they hold for any profile.
+The suite runs its smoke profile here (one cell per kind of check), or, for a bug that only
+a path the smoke cells do not take can show (bfloat16, ZERO3, bucketing, world sizes above
+2), the ci profile's cells that take it beside some that do not. Expectations are predicates
+over cells, so they hold for any profile.
 """
 
 from __future__ import annotations
@@ -29,23 +31,26 @@ REAL: Pred = lambda cell: not INITS[cell.init].on_meta  # noqa: E731
 MODULE_INIT: Pred = lambda cell: cell.init == "meta_module_init" and not expects_reset_error(cell)  # noqa: E731
 
 OFFLOADING: Pred = lambda cell: cell.offload != "none"  # noqa: E731
+BF16: Pred = lambda cell: cell.dtype == "bfloat16"  # noqa: E731
+ZERO3_REAL: Pred = lambda cell: cell.sharding == "zero3" and REAL(cell)  # noqa: E731
+BUCKETED: Pred = lambda cell: cell.bucketing != "none"  # noqa: E731
 
 # bug -> {area: (must fail, may fail, words every must-fail message contains)}; areas not
 # named must pass everywhere.
 EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
     "duplicate_tied_all_gather": {"collectives": (TIED, NONE, "forward all_gathers: expected")},
-    "gradients_not_averaged": {"numerics": (ALL, NONE, "gradients [")},
+    "gradients_not_averaged": {"numerics": (ALL, NONE, "gradients at step 0")},
     # Module init draws fresh weights, so a permuted shard is invisible to the values there,
     # except that the padding rows Thunder left uninitialized become weights; the state-dict
     # round trip loads through the same wrong sharding.
     "wrong_shard": {
         "materialization": (REAL, ALL, "initial parameters ["),
-        "numerics": (REAL, ALL, "output [output]"),
+        "numerics": (REAL, ALL, "output at step 0"),
         "state_dict": (NONE, ALL, ""),
     },
     # original_state_dict() unshards through the same broken all-gather
     "stale_forward_gather": {
-        "numerics": (ALL, NONE, "output [output]"),
+        "numerics": (ALL, NONE, "output at step 0"),
         "state_dict": (NONE, ALL, ""),
         "memory": (NONE, ALL, ""),  # the planted gather allocates a temporary of its own
     },
@@ -60,10 +65,10 @@ EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
     # memory-only bugs: numerics, collectives and state dicts stay right
     "originals_kept": {"memory": (REAL, NONE, "memory held after setup")},  # meta originals hold no bytes
     # fsdp(jit(m)) runs module-init materialization on real models too: the copy shows there
-    "full_model_before_sharding": {"memory": (MODULE_INIT, REAL, "setup peak under meta init")},
+    "full_model_before_sharding": {"memory": (MODULE_INIT, REAL, "setup peak")},
     # meta shards are cut from meta tensors: the copies hold no bytes there
-    "shard_sources_copied": {"memory": (REAL, NONE, "setup peak under real init")},
-    "intermediates_not_freed": {"memory": (ALL, NONE, "kept alive past its last use")},
+    "shard_sources_copied": {"memory": (REAL, NONE, "setup peak")},
+    "intermediates_not_freed": {"memory": (ALL, NONE, "peak: ")},
     # bugs of the offloading transform, or of the Transform API it relies on
     "backward_hook_not_called": {"offload": (OFFLOADING, NONE, "never loaded in the backward")},
     "load_after_consumer": {"offload": (OFFLOADING, NONE, "reads the offloaded")},
@@ -72,14 +77,56 @@ EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
         "offload": (OFFLOADING, NONE, "offloaded originals were kept"),
         "memory": (NONE, OFFLOADING, ""),  # the forward's peak may hold them too
     },
+    # bugs of module init near the thresholds: only the values Thunder draws change (the
+    # reference adopts them), so nothing but materialization can see them
+    "module_init_draws_wider": {"materialization": (MODULE_INIT, NONE, "values outside [")},
+    "shards_copied_from_rank0": {"materialization": (MODULE_INIT, NONE, "shards of ranks 0 and 1 (")},
+    "small_tensor_constant": {"materialization": (MODULE_INIT, NONE, "values equal")},
+    # near the thresholds, on one step, one rank, one path
+    # caught in float32; in bfloat16 eager's own drift from the float32 twin reaches a few
+    # percent by step 4, above the 1% planted here (README: Numerics, what is not caught)
+    "gradient_off_later_step": {"numerics": (lambda c: not BF16(c), NONE, "at step 4 (AdamW)")},
+    "gradient_off_on_last_rank": {"numerics": (ALL, NONE, "gradients at step 0")},
+    "bfloat16_gradients_scaled": {"numerics": (BF16, NONE, "gradients at step 0")},
+    "shard_copy_kept": {"memory": (ALL, NONE, "memory held after backward at step 0")},
+    "tensor_leaked_per_step": {"memory": (ALL, NONE, "memory held after backward at step 0")},
+    "zero3_originals_kept": {"memory": (ZERO3_REAL, NONE, "memory held after setup")},
+    "bucketed_gradients_not_averaged": {"numerics": (BUCKETED, NONE, "gradients at step 0")},
 }
+
+# bug -> the ci cells it runs on instead of the smoke profile: the first ones that take its
+# path, and the first ones that do not (which must pass)
+ON_CI: dict[str, tuple[Pred, ...]] = {
+    "gradient_off_later_step": (BF16, lambda c: not BF16(c)),
+    "gradient_off_on_last_rank": (lambda c: c.world_size > 2, lambda c: c.world_size == 2),
+    "bfloat16_gradients_scaled": (BF16, lambda c: not BF16(c)),
+    "shard_copy_kept": (BF16, lambda c: c.world_size > 2),
+    "tensor_leaked_per_step": (lambda c: c.sharding == "zero3", lambda c: c.offload != "none"),
+    "zero3_originals_kept": (ZERO3_REAL, lambda c: REAL(c) and c.sharding == "zero2"),
+    "bucketed_gradients_not_averaged": (BUCKETED, lambda c: not BUCKETED(c)),
+}
+
+
+def _selection(bug: str) -> list[str]:
+    """The suite's arguments for the cells ``bug`` runs on."""
+    if bug not in ON_CI:
+        return ["--profile", "smoke", "-k", "not generated"]
+    from conformance.matrix.profiles import cells
+    from fixtures.compositions import COMPOSITIONS
+
+    # on the pin, the probed compositions are the unsupported ones; small models first
+    probed = {name: "probed" for name, c in COMPOSITIONS.items() if c.probe is not None}
+    running = [c for c in cells("ci", 2, probed) if c.composition not in probed]
+    running.sort(key=lambda c: c.model.startswith("litgpt"))
+    chosen = [next(c for c in running if wanted(c)).id for wanted in ON_CI[bug]]
+    return ["--profile", "ci", "-k", " or ".join(chosen)]
 
 
 @pytest.mark.parametrize("bug", EXPECTED)
 def test_planted_bug_is_caught(bug: str, tmp_path) -> None:
     areas = EXPECTED[bug]
     # generated models have a planted test of their own (tests/test_generated.py)
-    run = run_suite(tmp_path, "--profile", "smoke", "-k", "not generated", env={ENV: bug}, plant=True)
+    run = run_suite(tmp_path, *_selection(bug), env={ENV: bug}, plant=True)
     assert run.returncode == 1, run.output
     caught = 0
     for item in run.report["cells"]:
@@ -92,7 +139,10 @@ def test_planted_bug_is_caught(bug: str, tmp_path) -> None:
             assert words in item["message"], item["message"]
             caught += 1
         elif not may(cell):
-            assert item["outcome"] == "passed", f"{bug} blamed on {item['area']} of {cell.id}:\n{item.get('message')}"
+            # a known non-conformance of the pin (xfails file) stays what it was
+            assert item["outcome"] in ("passed", "xfailed"), (
+                f"{bug} blamed on {item['area']} of {cell.id}:\n{item.get('message')}"
+            )
         if item["outcome"] == "failed":
             assert f"repro: python -m pytest {shlex.quote(item['id'])} --nproc 2" in item["message"]
-    assert caught, f"the smoke profile has no cell where {bug} must be caught"
+    assert caught, f"no cell selected where {bug} must be caught"
