@@ -134,7 +134,7 @@ class _Lockstep:
                 o.zero_grad(set_to_none=True)
         with ledger.phase():
             thunder_opt.zero_grad(set_to_none=True)
-        training.held_after_step.append(ledger.read())
+        training.held_after_step.append(ledger.read(thorough=True))
         training.steps.append(
             StepRecord(
                 optimizer=optimizer,
