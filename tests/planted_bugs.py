@@ -118,18 +118,27 @@ def stale_original_state_dict() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def originals_kept() -> Iterator[None]:
-    """FSDP keeps the unsharded original parameters alive beside the shards (Thunder #478 class)."""
+def _originals_kept_where(applies: Callable[[Any], bool]) -> Iterator[None]:
+    """FSDP keeps the unsharded original parameters alive beside the shards, for the
+    transforms ``applies`` picks."""
     from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
 
     original = FSDPTransform.__init__
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        self.release_original_parameters = False
+        if applies(self):
+            self.release_original_parameters = False
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(FSDPTransform, "__init__", init)
+        yield
+
+
+@contextlib.contextmanager
+def originals_kept() -> Iterator[None]:
+    """FSDP keeps the unsharded original parameters alive beside the shards (Thunder #478 class)."""
+    with _originals_kept_where(lambda transform: True):
         yield
 
 
@@ -481,17 +490,8 @@ def tensor_leaked_per_step() -> Iterator[None]:
 def zero3_originals_kept() -> Iterator[None]:
     """Under ZERO3 only, FSDP keeps the unsharded original parameters beside the shards."""
     from thunder.distributed import FSDPType
-    from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
 
-    original = FSDPTransform.__init__
-
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        if self.sharding_strategy == FSDPType.ZERO3:
-            self.release_original_parameters = False
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(FSDPTransform, "__init__", init)
+    with _originals_kept_where(lambda transform: transform.sharding_strategy == FSDPType.ZERO3):
         yield
 
 

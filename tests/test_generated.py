@@ -18,7 +18,7 @@ def test_planted_bug_shrinks_to_a_replayable_cell(tmp_path) -> None:
     run = run_suite(tmp_path / "bug", "-k", "generated", env={ENV: "gradients_not_averaged"}, plant=True)
     assert run.returncode == 1, run.output
     [message] = [c["message"] for c in run.report["cells"] if c["outcome"] == "failed"]
-    assert "does not conform (numerics)" in message and "gradients [" in message
+    assert "does not conform (numerics)" in message and "gradients at step 0 (SGD) [" in message
     replay = next(line for line in message.splitlines() if line.startswith("repro: "))
     args = shlex.split(replay.removeprefix("repro: "))
     cell = json.loads(args[args.index("--replay") + 1])
