@@ -9,8 +9,8 @@ peak, and what is held after every backward and every step.
 
 Terms, per rank, from the eager model and the world size (dim 0 padded to a multiple of it):
 ``shards`` (every distinct parameter storage / world size), ``buffers``, ``unsharded`` (what
-the forward's all-gathers produce), ``gradient shards`` (trainable shards), ``full
-gradients``, ``optimizer state`` (AdamW: exp_avg and exp_avg_sq, one of each per trainable
+the forward's all-gathers produce), ``gradient shards`` (trainable shards), ``optimizer
+state`` (AdamW: exp_avg and exp_avg_sq, one of each per trainable
 shard; its step counters are 0-d: counted, not summed; SGD without momentum: none).
 
 Exact (on CPU the tracker counts bytes exactly):
@@ -114,7 +114,6 @@ class Terms:
     buffers: int
     unsharded: int
     gradient_shards: int
-    full_gradients: int
     adamw_state: int
     handed_over: int  # the state dict the kit handed Thunder (0: none)
 
@@ -135,7 +134,6 @@ def terms(run: CellRecord) -> Terms:
         buffers=sum(b.nbytes for b in run.setup.reference_buffers.values()),
         unsharded=sum(padded_bytes(p, world) for p in distinct_storages(reference).values()),
         gradient_shards=gradient_shards,
-        full_gradients=sum(padded_bytes(p, world) for p in trainable),
         adamw_state=2 * gradient_shards,
         handed_over=_handed_over_bytes(run),
     )
