@@ -429,6 +429,14 @@ def gradient_off_later_step() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def gradients_lost_later_step() -> Iterator[None]:
+    """The reduced gradients of step 2 come out zero: that SGD step leaves the weights as they
+    were (an update skipped)."""
+    with _thunder_steps() as begun, _reduce_scatter_output(lambda out: out.zero_() if begun[0] == 3 else None):
+        yield
+
+
+@contextlib.contextmanager
 def gradient_off_on_last_rank() -> Iterator[None]:
     """On the last rank only, every reduced gradient shard comes out 1% too large."""
     import torch.distributed as dist
@@ -548,6 +556,7 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         tensor_leaked_per_step,
         zero3_originals_kept,
         bucketed_gradients_not_averaged,
+        gradients_lost_later_step,
     )
 }
 

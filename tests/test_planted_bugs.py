@@ -87,6 +87,7 @@ EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
     # percent by step 4, above the 1% planted here (README: Numerics, what is not caught)
     "gradient_off_later_step": {"numerics": (lambda c: not BF16(c), NONE, "at step 4 (AdamW)")},
     "gradient_off_on_last_rank": {"numerics": (ALL, NONE, "gradients at step 0")},
+    "gradients_lost_later_step": {"numerics": (ALL, NONE, "at step 2 (SGD)")},
     "bfloat16_gradients_scaled": {"numerics": (BF16, NONE, "gradients at step 0")},
     "shard_copy_kept": {"memory": (ALL, NONE, "memory held after backward at step 0")},
     "tensor_leaked_per_step": {"memory": (ALL, NONE, "memory held after backward at step 0")},
@@ -99,6 +100,7 @@ EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
 ON_CI: dict[str, tuple[Pred, ...]] = {
     "gradient_off_later_step": (BF16, lambda c: not BF16(c)),
     "gradient_off_on_last_rank": (lambda c: c.world_size > 2, lambda c: c.world_size == 2),
+    "gradients_lost_later_step": (BF16, lambda c: not BF16(c)),
     "bfloat16_gradients_scaled": (BF16, lambda c: not BF16(c)),
     "shard_copy_kept": (BF16, lambda c: c.world_size > 2),
     "tensor_leaked_per_step": (lambda c: c.sharding == "zero3", lambda c: c.offload != "none"),
