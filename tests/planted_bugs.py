@@ -372,15 +372,19 @@ def small_tensor_constant() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _thunder_steps() -> Iterator[list[int]]:
-    """Counts the Thunder module's forward calls (one per training step): [steps begun]."""
+def _thunder_steps(after: Callable[[Any, Any], None] | None = None) -> Iterator[list[int]]:
+    """Counts the Thunder module's forward calls (one per training step) and hands each
+    call's module and output to ``after``: [steps begun]."""
     from thunder.core.module import ThunderModule
 
     original, begun = ThunderModule.forward, [0]
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         begun[0] += 1
-        return original(self, *args, **kwargs)
+        out = original(self, *args, **kwargs)
+        if after is not None:
+            after(self, out)
+        return out
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ThunderModule, "forward", forward)
@@ -462,17 +466,13 @@ def bfloat16_gradients_scaled() -> Iterator[None]:
 @contextlib.contextmanager
 def shard_copy_kept() -> Iterator[None]:
     """The first forward keeps a copy of one parameter's shard (the largest) for good."""
-    from thunder.core.module import ThunderModule
+    kept: list[Any] = []
 
-    original, kept = ThunderModule.forward, []
-
-    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def keep(tm: Any, out: Any) -> None:
         if not kept:
-            kept.append(max(self.parameters(), key=lambda p: p.numel()).detach().clone())
-        return original(self, *args, **kwargs)
+            kept.append(max(tm.parameters(), key=lambda p: p.numel()).detach().clone())
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ThunderModule, "forward", forward)
+    with _thunder_steps(keep):
         yield
 
 
@@ -480,17 +480,9 @@ def shard_copy_kept() -> Iterator[None]:
 def tensor_leaked_per_step() -> Iterator[None]:
     """Every forward leaves one small tensor (two float32 elements) behind."""
     import torch
-    from thunder.core.module import ThunderModule
 
-    original, kept = ThunderModule.forward, []
-
-    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = original(self, *args, **kwargs)
-        kept.append(torch.zeros(2, device=out.device))
-        return out
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ThunderModule, "forward", forward)
+    kept: list[Any] = []
+    with _thunder_steps(lambda tm, out: kept.append(torch.zeros(2, device=out.device))):
         yield
 
 

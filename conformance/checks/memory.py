@@ -224,10 +224,13 @@ def _held_after_steps(run: CellRecord, model: Terms, found: Findings) -> int:
     started from (the optimizer state before it)."""
     memory = run.memory
     steps = [s.optimizer for s in run.steps]
+
+    def state_before(k: int) -> int:
+        """The optimizer state that exists when step ``k`` starts: none on its optimizer's first."""
+        return model.optimizer_state(steps[k]) if k and steps[k - 1] == steps[k] else 0
+
     for k, optimizer in enumerate(steps):
-        state = model.optimizer_state(optimizer)
-        # the state exists before step k unless this is its optimizer's first step
-        before = state if k and steps[k - 1] == optimizer else 0
+        state, before = model.optimizer_state(optimizer), state_before(k)
         checks = (
             ("after backward", memory.held_after_backward, before + model.gradient_shards, "the gradient shards"),
             ("after the step", memory.held_after_step, state, "the optimizer state"),
@@ -251,8 +254,7 @@ def _held_after_steps(run: CellRecord, model: Terms, found: Findings) -> int:
                     f"the step allocated {got} bytes at its peak; {optimizer} stepping eager tensors of "
                     f"the shard shapes allocates {eager}"
                 )
-    measured = MEASURED_STEP
-    return model.optimizer_state(steps[measured]) if measured and steps[measured - 1] == steps[measured] else 0
+    return state_before(MEASURED_STEP)
 
 
 AREA = Area("memory", check)
