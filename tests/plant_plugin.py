@@ -1,5 +1,6 @@
-"""pytest plugin for the kit's own tests: ``-p tests.plant`` with CONFORMANCE_PLANTED_BUG set
-runs the real suite with that bug (from tests/planted_bugs.py) planted in every rank."""
+"""pytest plugin for the kit's own tests: ``-p tests.plant_plugin`` with CONFORMANCE_PLANTED_BUG
+set runs the real suite with that bug (from tests/planted_bugs.py) planted in every rank; with
+CONFORMANCE_KIT_FAULT set, with that fault of the kit itself (tests/kit_faults.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,17 @@ from conformance.frontend.runner import RUNNER
 from conformance.world import protocol
 
 ENV = "CONFORMANCE_PLANTED_BUG"
+KIT_FAULT_ENV = "CONFORMANCE_KIT_FAULT"
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
+    if KIT_FAULT_ENV in os.environ:
+        fault = os.environ[KIT_FAULT_ENV]
+        config.stash[RUNNER].cell_task = lambda cell: protocol.Task(
+            "tests.kit_faults:run_cell_with_fault", {"fault": fault, "axes": cell.axes()}
+        )
+        return
     bug = os.environ[ENV]
     config.stash[RUNNER].cell_task = lambda cell: protocol.Task(
         "tests.planted_bugs:run_cell_with_bug", {"bug": bug, "axes": cell.axes()}

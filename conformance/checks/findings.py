@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import traceback
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -13,9 +14,25 @@ import torch
 
 
 @dataclasses.dataclass
+class Crash:
+    """A check that raised instead of judging: the kit's failure, never Thunder's verdict."""
+
+    error: str  # the traceback
+    frames: list[dict[str, Any]]  # outermost first: {"file", "line", "function"}
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Crash:
+        frames = [
+            {"file": f.filename, "line": f.lineno, "function": f.name} for f in traceback.extract_tb(exc.__traceback__)
+        ]
+        return cls("".join(traceback.format_exception(exc)), frames)
+
+
+@dataclasses.dataclass
 class Findings:
     failures: list[str] = dataclasses.field(default_factory=list)
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    crash: Crash | None = None  # the check itself raised: nothing above is a verdict
 
     @contextlib.contextmanager
     def expect(self, what: str) -> Iterator[None]:
@@ -70,5 +87,9 @@ class CellResult:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> CellResult:
-        areas = {name: Findings(**found) for name, found in raw["areas"].items()}
+        areas = {}
+        for name, found in raw["areas"].items():  # ``raw`` is read again for every area's item
+            crash = found.get("crash")
+            fields = {k: v for k, v in found.items() if k != "crash"}
+            areas[name] = Findings(**fields, crash=Crash(**crash) if crash else None)
         return cls(areas=areas, timings=raw["timings"], unsupported=raw["unsupported"])

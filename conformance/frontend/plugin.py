@@ -9,6 +9,7 @@ Loaded from the repository's conftest.py. Test modules of the suite take two fix
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, settings
 
 from conformance.checks.registry import applies
 from conformance.frontend import baseline
+from conformance.frontend.blame import KitError
 from conformance.frontend.runner import DEFAULT_XFAILS, RUNNER, Runner
 from conformance.frontend.verdict import Conformance
 from conformance.frontend.xfails import KnownNonConformance
@@ -129,6 +131,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if replay:
             config.hook.pytest_deselected(items=replay)
             items[:] = [i for i in items if i.name != "test_replay"]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    # The kit's own failure is an error of the item, never Thunder's failure: pytest's
+    # terminal summary, its exit status and its JUnit writer (<error>) all call a failure
+    # outside the call phase an error, so the report says the verdict was never reached.
+    if call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(KitError):
+        report.when = "setup"
+        report.longrepr = str(call.excinfo.value)  # the message names the frame: no traceback of the kit's verdict
+    return report
 
 
 def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, str] | None:

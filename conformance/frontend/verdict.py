@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterator
+from traceback import extract_tb
 
 import pytest
 
 from conformance.checks.findings import CellResult
 from conformance.checks.registry import AREAS, applies
 from conformance.frontend import baseline
+from conformance.frontend.blame import KIT, THUNDER, Blame, KitError, blame
 from conformance.frontend.runner import Runner
 from conformance.frontend.xfails import Expectation, KnownNonConformance
 from conformance.matrix.cells import Cell
@@ -49,6 +51,17 @@ class Conformance:
         )
 
     def expect(self, cell: Cell, area: str, record: bool = True) -> None:
+        """Hold ``area`` of ``cell`` to account. Any exception of the kit's own code (here, or in
+        a rank's check) ends as a KitError, which the plugin reports as a pytest error."""
+        try:
+            self._expect(cell, area, record)
+        except (KnownNonConformance, KitError):
+            raise
+        except Exception as exc:  # pytest's own outcomes (fail, skip) are BaseExceptions: not caught
+            frames = [{"file": f.filename, "line": f.lineno, "function": f.name} for f in extract_tb(exc.__traceback__)]
+            raise KitError(_kit_message(cell, area, blame(frames), f"{type(exc).__name__}: {exc}", "")) from exc
+
+    def _expect(self, cell: Cell, area: str, record: bool) -> None:
         outcome = self.runner.run(cell)
         # each rank's answer, where it gave one
         answers = [CellResult.from_json(r.value) if r.ok else None for r in outcome.results]
@@ -56,12 +69,22 @@ class Conformance:
             self._record(cell, area, outcome, answers)
         repro = f"repro: {self.replay_line(cell) if cell.spec else self.runner.session.repro(self.node.nodeid)}"
         if not outcome.ok:
+            _raise_if_kit(cell, area, outcome, repro)
             pytest.fail(f"cell {cell.id} did not run to completion\n{outcome.describe()}\n{repro}", pytrace=False)
         results = [a for a in answers if a is not None]
         unsupported = {r.unsupported for r in results if r.unsupported is not None}
         if unsupported:
             pytest.skip(UNSUPPORTED + " | ".join(sorted(unsupported)))
         failures = _by_message((rank, msg) for rank, r in enumerate(results) for msg in r.areas[area].failures)
+        for rank, result in enumerate(results):
+            if (crash := result.areas[area].crash) is None:
+                continue
+            who = blame(crash.frames)
+            if who.owner != THUNDER:
+                raise KitError(_kit_message(cell, area, who, f"rank {rank}: a check raised", crash.error))
+            # a check asked Thunder (its traces, its state dict) and Thunder raised: its failure
+            last = crash.error.strip().splitlines()[-1]
+            failures.setdefault(f"asking Thunder raised at {who.frame}: {last}", []).append(rank)
         if area == "memory":
             measured = results[0].areas[area].metrics["measured"]
             for msg in baseline.grown(self.runner.baseline.get(cell.id), measured):
@@ -90,6 +113,8 @@ class Conformance:
             if answer is not None and area in answer.areas:
                 entry["failures"] = answer.areas[area].failures
                 entry["status"] = protocol.FAILED if entry["failures"] else protocol.PASSED
+                if answer.areas[area].crash is not None:
+                    entry["status"] = "error"  # the check raised: the kit's failure, no verdict
             ranks.append(entry)
         metrics: dict[str, object] = {"world_start_s": outcome.startup, "cell_run_s": outcome.duration}
         first = answers[0] if outcome.ok else None
@@ -98,6 +123,20 @@ class Conformance:
             metrics["timings"] = first.timings
         props = {"cell": cell.id, "area": area, "axes": cell.axes(), "ranks": ranks, "metrics": metrics}
         self.node.user_properties.extend((k, json.dumps(v)) for k, v in props.items())
+
+
+def _raise_if_kit(cell: Cell, area: str, outcome: Outcome, repro: str) -> None:
+    """A rank whose task raised in the kit's own code (not in Thunder's) is the kit's failure."""
+    for r in outcome.culprits():
+        if r.status == protocol.FAILED and (who := blame(r.frames)).owner == KIT:
+            detail = f"{r.error or ''}\n{repro}"
+            raise KitError(_kit_message(cell, area, who, f"rank {r.rank}: the cell raised", detail))
+
+
+def _kit_message(cell: Cell, area: str, who: Blame, what: str, detail: str) -> str:
+    where = f" at {who.frame}" if who.frame is not None else ""
+    head = f"the kit broke, not Thunder: {cell.id} ({area}): {what}{where}"
+    return f"{head}\n{detail.rstrip()}" if detail.strip() else head
 
 
 def _stale(cell: Cell, area: str, known: list[Expectation], repro: str) -> str:

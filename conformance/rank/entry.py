@@ -8,12 +8,13 @@ every rank (``conformance.rank.entry:run_cell``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from conformance.checks.findings import CellResult
+from conformance.checks.findings import CellResult, Crash, Findings
 from conformance.checks.record import CellRecord, MemoryRecord, SetupRecord, StateDictRecord
 from conformance.checks.registry import AREAS, applies
 from conformance.matrix.cells import Cell
@@ -37,10 +38,19 @@ def run_cell(axes: dict[str, Any]) -> dict[str, Any]:
     except TypeError as exc:
         if not refused:
             raise
-        return CellResult({area.name: area.refusal(cell, exc) for area in areas}).to_json()
+        return CellResult({area.name: judged(area.refusal, cell, exc) for area in areas}).to_json()
     if refused:
-        return CellResult({area.name: area.refusal(cell, None) for area in areas}, run.timings).to_json()
-    return CellResult({area.name: area.check(run) for area in areas}, run.timings).to_json()
+        return CellResult({area.name: judged(area.refusal, cell, None) for area in areas}, run.timings).to_json()
+    return CellResult({area.name: judged(area.check, run) for area in areas}, run.timings).to_json()
+
+
+def judged(check: Callable[..., Findings], *args: Any) -> Findings:
+    """One area's findings; a check that raises is the kit's failure, recorded for that area
+    alone so that it hides none of the others."""
+    try:
+        return check(*args)
+    except Exception as exc:
+        return Findings(crash=Crash.of(exc))
 
 
 def drive(cell: Cell) -> CellRecord:

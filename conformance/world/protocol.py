@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import traceback
 from typing import Any
 
 # Environment variables the controller hands to every rank (through torchrun).
@@ -55,6 +56,11 @@ DIED = "died"  # the rank process exited (signal, os._exit, segfault) mid-task
 ABORTED = "aborted"  # a peer failed or died; this rank was stopped while waiting on it
 
 
+def frames_of(exc: BaseException) -> list[dict[str, Any]]:
+    """The frames of ``exc``'s traceback, outermost first."""
+    return [{"file": f.filename, "line": f.lineno, "function": f.name} for f in traceback.extract_tb(exc.__traceback__)]
+
+
 @dataclasses.dataclass
 class RankResult:
     rank: int
@@ -64,6 +70,9 @@ class RankResult:
     stacks: str | None = None  # faulthandler dump taken before the world was killed
     log_tail: str | None = None  # the end of the rank's stdout/stderr
     duration: float = 0.0
+    # where the task raised, outermost first: {"file", "line", "function"} per frame, so that
+    # the front end can tell whose code raised without reading the traceback's text
+    frames: list[dict[str, Any]] | None = None
 
     def encode(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -1,0 +1,76 @@
+"""Whose code raised: the kit's or Thunder's.
+
+A maintainer reading a red item must know whom to blame. An exception is Thunder's when the
+innermost frame of the kit's or Thunder's code on its traceback is Thunder's (Thunder called
+torch, which raised: still Thunder's); it is the kit's when that frame is the kit's: a check
+that crashed on what Thunder produced, or an assumption about Thunder's API that this
+version does not meet (``TraceTag.BACKWARD`` on 0.2.1), and also a kit transform that
+Thunder called. Frames of torch, the standard library and pytest decide nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from conformance.world.launch import ROOT
+
+KIT_PACKAGES = ("conformance", "fixtures", "transforms")
+KIT = "kit"
+THUNDER = "thunder"
+
+
+class KitError(Exception):
+    """The kit's own code failed: reported as a pytest error, never as Thunder's failure."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        path = Path(self.file)
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        return f"{shown}:{self.line} in {self.function}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Blame:
+    owner: str | None  # KIT, THUNDER, or None where neither's code is on the traceback
+    frame: Frame | None  # the innermost frame of the owner's code
+
+
+def _thunder_root() -> Path | None:
+    """Where the Thunder under test lives (found, not imported: the controller stays light)."""
+    try:
+        spec = importlib.util.find_spec("thunder")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
+
+
+def owner_of(file: str, thunder_root: Path | None) -> str | None:
+    path = Path(file).resolve()
+    if thunder_root is not None and path.is_relative_to(thunder_root):
+        return THUNDER
+    if any(path.is_relative_to(ROOT / package) for package in KIT_PACKAGES):
+        return KIT
+    return None
+
+
+def blame(frames: Iterable[Mapping[str, Any]] | None) -> Blame:
+    """The owner of the innermost frame that is the kit's or Thunder's (frames outermost first)."""
+    thunder_root = _thunder_root()
+    for raw in reversed(list(frames or ())):
+        frame = Frame(str(raw["file"]), int(raw["line"]), str(raw["function"]))
+        owner = owner_of(frame.file, thunder_root)
+        if owner is not None:
+            return Blame(owner, frame)
+    return Blame(None, None)
