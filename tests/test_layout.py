@@ -28,6 +28,7 @@ ROLES = {
     "reports": "conformance.reports",
     "frontend": "conformance.frontend",
     "suite": "conformance.test_",  # the test modules of the suite
+    "commands": "conformance.compare",  # `python -m` entry points over the reports
     "package": "conformance",
     "fixtures": "fixtures",
     "transforms": "transforms",
@@ -44,6 +45,7 @@ ALLOWED = {
     # the pytest process: it names the rank side's entry point in a task, never imports it
     "frontend": {"frontend", "world", "checks", "matrix", "reports", "fixtures"},
     "suite": {"matrix", "fixtures"},
+    "commands": {"reports"},
     "package": set(),
 }
 

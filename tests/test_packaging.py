@@ -34,5 +34,7 @@ def test_tox_default_thunder_is_the_pin() -> None:
     assert default == f"lightning-thunder=={pins['lightning-thunder']}"
 
 
-def test_tox_torch_is_the_pin() -> None:
-    assert f"torch=={_pyproject_pins()['torch']}" in _tox_deps()
+def test_tox_default_torch_is_the_pin() -> None:
+    torch = next(d for d in _tox_deps() if "TORCH_SPEC" in d)
+    default = re.fullmatch(r"\{env:TORCH_SPEC:(.+)\}", torch).group(1)
+    assert default == f"torch=={_pyproject_pins()['torch']}"

@@ -4,11 +4,21 @@ they are chosen by, on the pin (in a world)."""
 from __future__ import annotations
 
 import collections
+import os
+import subprocess
+import sys
 
 import pytest
 
 from conformance.matrix.cells import AXES
-from conformance.matrix.profiles import BOUNDARY_WORLD_SIZES, axis_values, cells, unmet_pairs, valid
+from conformance.matrix.profiles import (
+    BOUNDARY_WORLD_SIZES,
+    axis_values,
+    cells,
+    unmet_combinations,
+    unmet_pairs,
+    valid,
+)
 from conformance.world import protocol
 from conformance.world.controller import World
 from conformance.world.launch import LaunchSpec
@@ -16,11 +26,14 @@ from fixtures.compositions import COMPOSITIONS
 from fixtures.inits import INITS
 from fixtures.models import MODELS
 from fixtures.offloads import POLICIES
+from tests.suite_runs import ROOT
 
 # what the worlds' probe finds on the kit's pin (test_the_pins_probe below holds it to that)
 PIN_UNSUPPORTED = {"legacy_jit_fsdp": "thunder.distributed.fsdp(nn.Module) raises TypeError: ..."}
 CI = cells("ci", 2, PIN_UNSUPPORTED)
 RUNS = [c for c in CI if c.composition not in PIN_UNSUPPORTED]
+NIGHTLY = cells("nightly", 2, PIN_UNSUPPORTED)
+NIGHTLY_RUNS = [c for c in NIGHTLY if c.composition not in PIN_UNSUPPORTED]
 
 
 def test_ci_meets_every_valid_pair_in_a_cell_that_runs() -> None:
@@ -85,6 +98,49 @@ def test_every_axis_is_varied() -> None:
         assert {getattr(c, axis) for c in RUNS} >= set(values[axis]), axis
 
 
+def test_nightly_meets_every_valid_triple_in_a_cell_that_runs() -> None:
+    at_2 = [c for c in NIGHTLY_RUNS if c.world_size == 2]
+    assert unmet_combinations(at_2, 2, PIN_UNSUPPORTED, strength=3) == []
+    # the check itself: a triple the cells miss is named, an impossible one never is
+    missing = {"model": "tied_lm", "offload": "callback", "dtype": "bfloat16"}
+    without = [c for c in at_2 if (c.model, c.offload, c.dtype) != ("tied_lm", "callback", "bfloat16")]
+    assert missing in unmet_combinations(without, 2, PIN_UNSUPPORTED, strength=3)
+    assert {"model": "no_reset", "tie": "tied", "dtype": "float32"} not in unmet_combinations([], 2, strength=3)
+    # were every composition offered, the same profile would meet every triple with it too
+    every = [c for c in cells("nightly", 2, {}) if c.world_size == 2]
+    assert unmet_combinations(every, 2, strength=3) == []
+
+
+def test_nightly_boundary_sizes_get_what_full_gives_them_and_everything_ci_picked_them_for() -> None:
+    full = cells("full", 2, PIN_UNSUPPORTED)
+    for n in BOUNDARY_WORLD_SIZES:
+        at_n = [c for c in NIGHTLY_RUNS if c.world_size == n]
+        assert at_n == [c for c in full if c.world_size == n]
+        assert unmet_pairs(at_n, n, PIN_UNSUPPORTED) == []
+        assert {"zero3"} <= {c.sharding for c in at_n}
+        assert {"real_broadcast_first", "real_broadcast_last", "meta_transformed_sd"} <= {c.init for c in at_n}
+        assert {INITS[c.init].source(n) for c in at_n if INITS[c.init].broadcast} == {0, n - 1}
+    # the unsupported composition keeps its one cell, as in ci
+    assert len(NIGHTLY) - len(NIGHTLY_RUNS) == 1
+    # a session whose own size is a boundary one covers it with triples, not twice
+    at_3 = cells("nightly", 3, PIN_UNSUPPORTED)
+    assert {c.world_size for c in at_3} == {3, *(set(BOUNDARY_WORLD_SIZES) - {3})}
+
+
+def test_nightly_is_the_same_in_every_process_and_its_size_is_the_readmes() -> None:
+    # nights are compared cell by cell (conformance.compare): the array must not depend on
+    # Python's salted hash
+    code = (
+        "from conformance.matrix.profiles import cells; "
+        "print('\\n'.join(c.id for c in cells('nightly', 2, {'legacy_jit_fsdp': 'x'})))"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert proc.stdout.split() == [c.id for c in NIGHTLY]
+    readme = (ROOT / "README.md").read_text()
+    assert f"`nightly` ({len(NIGHTLY)} cells" in readme
+
+
 @pytest.mark.slow  # starts a world
 def test_the_pins_probe(tmp_path) -> None:
     world = World(LaunchSpec(nproc=2, backend="gloo"), base_dir=tmp_path)
@@ -93,9 +149,28 @@ def test_the_pins_probe(tmp_path) -> None:
     finally:
         world.close()
     assert outcome.ok, outcome.describe()
+    offloading = {p for p, policy in POLICIES.items() if policy is not None}
     for answer in outcome.values:
-        assert set(answer) == set(COMPOSITIONS)
+        assert set(answer) == set(COMPOSITIONS) | offloading
         assert answer["legacy_jit_fsdp"].startswith("thunder.distributed.fsdp(nn.Module) raises TypeError")
+        # everything else runs on the pin, every offload policy included
         assert {n: r for n, r in answer.items() if n != "legacy_jit_fsdp"} == dict.fromkeys(
-            set(COMPOSITIONS) - {"legacy_jit_fsdp"}
+            (set(COMPOSITIONS) | offloading) - {"legacy_jit_fsdp"}
         )
+
+
+def test_an_unsupported_offload_keeps_one_cell_per_policy_and_the_rest_run_without_it() -> None:
+    # as on a Thunder that cannot offload: every policy but none refused with one reason
+    refused = {**PIN_UNSUPPORTED, **{p: "no TraceTag.AUGMENTED_FORWARD" for p in POLICIES if p != "none"}}
+    selected = cells("ci", 2, refused)
+    stand_ins = [c for c in selected if c.offload != "none"]
+    assert sorted(c.offload for c in stand_ins) == sorted(p for p in POLICIES if p != "none")
+    runs = [c for c in selected if c.offload == "none" and c.composition not in refused]
+    assert unmet_pairs(runs, 2, refused) == []
+    # the hand-picked boundary cells keep running, with their offload put back to none
+    assert any(c.world_size == 3 and c.model == "mlp" and c.init == "real_broadcast_first" for c in runs)
+
+
+def test_probed_value_names_never_collide_across_axes() -> None:
+    # the probe answers one flat mapping of value names (conformance/matrix/profiles.py)
+    assert not set(COMPOSITIONS) & set(POLICIES)

@@ -95,6 +95,15 @@ def saved_intermediates(trace: TraceCtx, saved: Sequence[TensorProxy], source: t
     return out
 
 
+def unsupported() -> str | None:
+    """Why the Thunder under test cannot run this transform, or None. It finds the saved
+    tensors with ``get_saved_for_backward_tensors``, which needs the augmented forward trace
+    tagged: Thunder 0.2.1 has no ``TraceTag.AUGMENTED_FORWARD`` (its own helper then raises)."""
+    if not hasattr(TraceTag, "AUGMENTED_FORWARD"):
+        return "this Thunder tags no augmented forward trace (no TraceTag.AUGMENTED_FORWARD), which offloading needs"
+    return None
+
+
 class OffloadTransform(Transform):
     """Offload the saved-for-backward tensors ``policy`` selects from ``source`` to
     ``destination`` between forward and backward."""
@@ -109,7 +118,11 @@ class OffloadTransform(Transform):
     def transform_trace_post_optimization(self, computation_trace: TraceCtx, **kwargs: Any) -> TraceCtx:
         if TraceTag.AUGMENTED_FORWARD in computation_trace.tags:
             return self._offload_forward(computation_trace)
-        if TraceTag.BACKWARD in computation_trace.tags:
+        # Some Thunders tag no backward trace (0.2.3 tags only the forward); Thunder hands a compilation's backward
+        # right after its forward, and only a backward unpacks the saved tensors (which is
+        # all _load_backward rewrites), so "something is pending" is the same test there.
+        backward = getattr(TraceTag, "BACKWARD", None)
+        if (backward in computation_trace.tags) if backward is not None else bool(self._pending):
             return self._load_backward(computation_trace)
         return computation_trace  # an inference trace saves nothing
 

@@ -1,5 +1,4 @@
-"""Margins that memory bounds allow, shared by the areas that bound bytes and by the
-comparison with a baseline report."""
+"""Margins that memory bounds allow, shared by the areas that bound bytes."""
 
 # 0-d scalars a rank may hold beside its tensors (4 bytes seen on litgpt)
 SLACK_BYTES = 256

@@ -1,31 +1,44 @@
-"""--memory-baseline: a cell's measured peaks against those of an earlier report.json."""
+"""--baseline: the run in progress against an earlier report. A memory item fails where a
+phase's measured peak grew beyond run-to-run noise over the baseline's (the thresholds and
+their measurement: ``reports/noise.py``); the whole comparison goes to summary.md and
+compare.json at session end (``reports/writer.py``)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from conformance.checks.margins import SLACK_BYTES
+import pytest
 
-GROWTH = 0.10  # a phase's peak may grow this much over the baseline (plus SLACK_BYTES)
+from conformance.reports.compare import UnreadableReport, metrics, read_report
+from conformance.reports.noise import MEMORY, noise
 
 
 def load(path: Path | None) -> dict[str, dict[str, int]]:
-    """cell id -> phase -> peak bytes, from the memory items of a report (empty without one)."""
+    """cell id -> phase -> measured peak bytes, from the memory items of a report (empty
+    without one). An unreadable report ends the run before any world starts (exit 4)."""
     if path is None:
         return {}
-    cells = json.loads(path.read_text())["cells"]
-    return {
-        c["cell"]: c["metrics"]["measured"] for c in cells if c.get("area") == "memory" and "measured" in c["metrics"]
-    }
+    try:
+        report = read_report(path)
+    except UnreadableReport as e:
+        raise pytest.UsageError(f"--baseline {e}") from None
+    peaks: dict[str, dict[str, int]] = {}
+    for (cell, area, metric), (_, value) in metrics(report["cells"]).items():
+        if area == MEMORY and metric.endswith(" peak"):
+            peaks.setdefault(cell, {})[metric.removesuffix(" peak")] = value
+    return peaks
 
 
 def grown(before: dict[str, int] | None, measured: dict[str, int]) -> list[str]:
-    """Phases whose peak grew past GROWTH over ``before`` (the cell's baseline peaks, if any)."""
+    """Phases whose peak grew beyond noise over ``before`` (the cell's baseline peaks, if any)."""
     if before is None:
         return []
-    return [
-        f"{phase} peak grew from {before[phase]} to {now} bytes (more than {GROWTH:.0%} over the baseline)"
-        for phase, now in measured.items()
-        if phase in before and now > before[phase] * (1 + GROWTH) + SLACK_BYTES
-    ]
+    found = []
+    for phase, now in measured.items():
+        threshold = noise(MEMORY, f"{phase} peak")
+        if phase in before and now > before[phase] and threshold.beyond(before[phase], now):
+            found.append(
+                f"{phase} peak grew from {before[phase]} to {now} bytes over the baseline "
+                f"(run-to-run noise: {threshold.describe()})"
+            )
+    return found

@@ -52,7 +52,7 @@ class Runner:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
         self.slot = int(worker[2:]) if worker[2:].isdigit() else 0
         self.base_dir = Path(config.getoption("report_dir") or config.rootpath / ".conformance") / "worlds"
-        self.baseline = baseline.load(config.getoption("memory_baseline"))
+        self.baseline = baseline.load(config.getoption("baseline"))
         self.thunder_version = environment.version(environment.THUNDER_DIST)
         self.worlds: dict[int, World] = {}
         self.outcomes: dict[str, Outcome] = {}

@@ -5,8 +5,9 @@ the Thunder versions it holds for (``thunder``: PEP 440 specifier strings, any o
 contain the version under test, prereleases included), the failures it expects, a reason and a
 link. Every string of ``failures`` is a template of one whole failure message: literal text in
 which ``{}`` stands for exactly one number (an int or a decimal, optionally signed, optionally
-with an exponent). A failure is explained by an entry iff it matches one of its templates in
-full.
+with an exponent; or nan, inf) and ``{name}`` for one tensor's name (for a failure that hits
+every tensor of a model). A failure is explained by an entry iff it matches one of its
+templates in full.
 
 Only the failures an entry names become an expected failure: any other failure of the same
 item still fails, and an item that an entry covers but that conforms fails as well, naming the
@@ -36,9 +37,13 @@ else:
 from conformance.checks.registry import AREAS
 from conformance.matrix.cells import AXES, Cell
 
-# what ``{}`` in a template stands for: one int or decimal, optionally signed, with an exponent
-NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+# what ``{}`` in a template stands for: one int or decimal, optionally signed, with an
+# exponent, or a float that is not finite (a check prints nan and inf as they are)
+NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
 PLACEHOLDER = "{}"
+# what ``{name}`` stands for: one parameter, buffer or output name (dotted, as checks print it)
+NAME = r"[\w.]+"
+PLACEHOLDERS = {PLACEHOLDER: NUMBER, "{name}": NAME}
 FIELDS = ("area", "when", "thunder", "failures", "reason", "link")
 _HEADER = re.compile(r"^\s*\[\[\s*xfail\s*\]\]")
 
@@ -56,11 +61,16 @@ def template_pattern(template: str) -> re.Pattern[str]:
     escaped, each ``{}`` one number. Raises ValueError for any other brace."""
     if not template.strip():
         raise ValueError("a template is empty")
-    literals = template.split(PLACEHOLDER)
-    for literal in literals:
-        if "{" in literal or "}" in literal:
-            raise ValueError(f"template {template!r}: a brace other than {PLACEHOLDER} (one number)")
-    return re.compile(NUMBER.join(re.escape(literal) for literal in literals))
+    parts = re.split("(" + "|".join(map(re.escape, PLACEHOLDERS)) + ")", template)
+    pattern = []
+    for i, part in enumerate(parts):
+        if i % 2:  # the separators re.split kept: placeholders
+            pattern.append(f"(?:{PLACEHOLDERS[part]})")
+        elif "{" in part or "}" in part:
+            raise ValueError(f"template {template!r}: a brace other than {{}} (one number) or {{name}} (one name)")
+        else:
+            pattern.append(re.escape(part))
+    return re.compile("".join(pattern))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,27 +1,30 @@
 """Profiles: which cells a run covers. ``full`` is the whole product of the axes under the
-constraints, ``ci`` a pairwise covering array of it, ``smoke`` one cell per kind of check.
+constraints, ``nightly`` a strength-3 covering array of it, ``ci`` a pairwise one, ``smoke``
+one cell per kind of check.
 
 The covering array is built over the compositions that the Thunder under test offers (the
 worlds probe them first): a pair of values that met only in a cell reported unsupported
-would never run. Each unsupported composition keeps one cell, which reports why. Cells at
+would never run. Each unsupported composition or offload policy keeps one cell, which reports why. Cells at
 the boundary world sizes (3 and 4: first dimensions that do not divide, the last rank named
-by an option) join ci by hand and full as a covering array of their own.
+by an option) join ci by hand, and nightly and full as a pairwise covering array of their own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from conformance.matrix.cells import AXES, Cell
 from fixtures.compositions import COMPOSITIONS
 from fixtures.inits import INITS
-from fixtures.models import MODELS
+from fixtures.models import MODELS, fixture_for
 from fixtures.offloads import POLICIES
 from fixtures.options import BUCKETINGS, DTYPES, SHARDINGS, TIES
 
-PROFILES = ("smoke", "ci", "full")
+PROFILES = ("smoke", "ci", "nightly", "full")
 # world sizes beside the session's own: every model (the negative one aside) has a first
 # dimension that neither divides (litgpt's vocab 37, tied_lm's 16 and 33, tie_group's 9 and 5, mlp's 7)
 BOUNDARY_WORLD_SIZES = (3, 4)
@@ -39,19 +42,73 @@ def valid(row: dict[str, Any]) -> bool:
     return True
 
 
+# The axes whose values the worlds probe (the Thunder under test may lack what a value needs).
+# ``unsupported`` maps a value of one of them to why: their names never collide (a kit test
+# holds them apart), so one flat mapping names them all.
+PROBED_AXES = ("composition", "offload")
+
+
 def axis_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
-    """Every axis's values; compositions named in ``unsupported`` left out."""
+    """Every axis's values; probed values named in ``unsupported`` left out."""
     return {
         "model": list(MODELS),
         "init": list(INITS),
         "composition": [c for c in COMPOSITIONS if c not in unsupported],
         "tie": list(TIES),
-        "offload": list(POLICIES),
+        "offload": [p for p in POLICIES if p not in unsupported],
         "sharding": list(SHARDINGS),
         "bucketing": list(BUCKETINGS),
         "dtype": list(DTYPES),
         "world_size": [world_size],
     }
+
+
+# the model of a generated cell (conformance/test_generated.py): built from the cell's spec
+GENERATED = "generated"
+
+
+def cell_from_axes(axes: object) -> Cell:
+    """The cell that ``axes`` (a replay's JSON, as ``Cell.axes()`` prints it) names, or a
+    ValueError of one line saying what is wrong with it: an axis a Cell does not have, a value
+    no registry offers, a combination that cannot exist."""
+    if not isinstance(axes, dict):
+        raise ValueError(f"expected a JSON object of a cell's axes, got {type(axes).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(Cell)}
+    if unknown := [a for a in axes if a not in fields]:
+        raise ValueError(f"unknown axis {', '.join(map(repr, unknown))} (a cell has {', '.join(fields)})")
+    required = [n for n, f in fields.items() if f.default is dataclasses.MISSING]
+    if missing := [a for a in required if a not in axes]:
+        raise ValueError(f"missing axis {', '.join(map(repr, missing))}")
+    world_size = axes.get("world_size", 2)
+    # bool is an int to Python, never a world size
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number of ranks >= 1, got {world_size!r}")
+    allowed = axis_values(world_size)
+    allowed["model"] = [*allowed["model"], GENERATED]
+    for axis, values in allowed.items():
+        if axis in axes and axes[axis] not in values:
+            raise ValueError(f"{axis} {axes[axis]!r} is not one of {', '.join(map(str, values))}")
+    spec = axes.get("spec")
+    if (spec is not None) != (axes["model"] == GENERATED):
+        raise ValueError(f"a spec (a generated model's structure) goes with model {GENERATED!r} and only with it")
+    cell = Cell(**axes)
+    if spec is not None:
+        try:
+            structure = json.loads(spec) if isinstance(spec, str) else None
+        except ValueError:
+            structure = None
+        if not isinstance(structure, dict) or set(structure) != {"widths", "bias", "ties"}:
+            raise ValueError("spec must be a JSON string of an object with widths, bias and ties")
+        ties = fixture_for(cell.model, spec).ties
+        if cell.tie not in ties:
+            raise ValueError(f"tie {cell.tie!r} does not fit the spec's ties {structure['ties']!r}")
+    # a generated model offers the tie its spec implies (checked above), not a registered one's
+    row = {"composition": cell.composition, "init": cell.init} if spec is not None else dataclasses.asdict(cell)
+    if not valid(row):
+        raise ValueError(
+            f"cell {cell.id} cannot exist (a tie the model does not offer, or an init its composition cannot express)"
+        )
+    return cell
 
 
 def _full(values: dict[str, list[Any]]) -> Iterator[Cell]:
@@ -61,13 +118,22 @@ def _full(values: dict[str, list[Any]]) -> Iterator[Cell]:
             yield Cell(**row)
 
 
-def _pairwise(values: dict[str, list[Any]]) -> Iterator[Cell]:
-    """A covering array: every pair of values of any two axes meets in some cell."""
+def _covering(values: dict[str, list[Any]], strength: int = 2) -> Iterator[Cell]:
+    """A covering array: every ``strength`` values of as many axes that the constraints allow
+    meet in some cell. covertable orders candidates by an FNV hash, never Python's salted
+    ``hash``, so the array is the same in every process."""
     from covertable import make
 
     constraint = {"operator": "fn", "requires": ["model", "tie", "composition", "init"], "evaluate": valid}
-    for row in make(values, strength=2, constraints=[constraint]):
+    for row in make(values, strength=strength, constraints=[constraint]):
         yield Cell(**row)
+
+
+def _boundary_arrays(world_size: int, unsupported: Collection[str]) -> Iterator[Cell]:
+    """A pairwise covering array at each boundary world size other than the session's."""
+    for n in BOUNDARY_WORLD_SIZES:
+        if n != world_size:
+            yield from _covering(axis_values(n, unsupported))
 
 
 def _smoke(world_size: int) -> Iterator[Cell]:
@@ -93,26 +159,49 @@ BOUNDARY_CI = (
 )
 
 
-def _stand_in(composition: str, world_size: int) -> Cell:
-    """The one cell an unsupported composition keeps: it reports why it does not run."""
+def _stand_in(axis: str, value: str, world_size: int, unsupported: Collection[str]) -> Cell:
+    """The one cell an unsupported value of a probed axis keeps: it reports why it does not run."""
     model = next(m for m in MODELS.values() if not m.lacks_reset)
+    composition = value if axis == "composition" else next(c for c in COMPOSITIONS if c not in unsupported)
     init = next(i for i in INITS if valid({"composition": composition, "init": i}))
-    return Cell(model.name, init, composition, tie=model.ties[-1], world_size=world_size)
+    cell = Cell(model.name, init, composition, tie=model.ties[-1], world_size=world_size)
+    return dataclasses.replace(cell, **{axis: value})
+
+
+def _runnable(cell: Cell, unsupported: Collection[str]) -> Cell | None:
+    """A hand-picked cell with its unsupported values put back to their defaults (None where
+    the axis has none: the cell cannot run at all)."""
+    fields = {f.name: f for f in dataclasses.fields(Cell)}
+    for axis in PROBED_AXES:
+        if getattr(cell, axis) in unsupported:
+            if fields[axis].default is dataclasses.MISSING:
+                return None
+            cell = dataclasses.replace(cell, **{axis: fields[axis].default})
+    return cell
 
 
 def cells(profile: str, world_size: int, unsupported: Mapping[str, str]) -> list[Cell]:
     """The profile's cells at the session's world size (and the boundary sizes).
-    ``unsupported``: composition -> why the Thunder under test does not offer it, as the
-    worlds' probe found."""
+    ``unsupported``: a value of a probed axis (a composition, an offload policy) -> why the
+    Thunder under test does not offer it, as the worlds' probe found."""
     if profile == "smoke":
         return list(dict.fromkeys(_smoke(world_size)))
     runs = axis_values(world_size, unsupported)
     if profile == "ci":
-        selected = [*_pairwise(runs), *(c for c in BOUNDARY_CI if c.composition not in unsupported)]
+        boundary = (_runnable(c, unsupported) for c in BOUNDARY_CI)
+        selected = [*_covering(runs), *(c for c in boundary if c is not None)]
+    elif profile == "nightly":
+        # every triple at the session's size; the boundary sizes get what full gives them
+        # (a pairwise array each), which covers everything BOUNDARY_CI was picked for
+        selected = [*_covering(runs, strength=3), *_boundary_arrays(world_size, unsupported)]
     else:
-        others = [n for n in BOUNDARY_WORLD_SIZES if n != world_size]
-        selected = [*_full(runs), *(c for n in others for c in _pairwise(axis_values(n, unsupported)))]
-    selected += [_stand_in(name, world_size) for name in COMPOSITIONS if name in unsupported]
+        selected = [*_full(runs), *_boundary_arrays(world_size, unsupported)]
+    selected += [
+        _stand_in(axis, value, world_size, unsupported)
+        for axis in PROBED_AXES
+        for value in axis_values(world_size)[axis]
+        if value in unsupported
+    ]
     return list(dict.fromkeys(selected))
 
 
@@ -130,14 +219,24 @@ def unmet_pairs(ran: Iterable[Cell], world_size: int, unsupported: Collection[st
     """Every pair of values of two axes (at ``world_size``, compositions in ``unsupported``
     left out) that the constraints allow but that met in none of the cells that ran, as
     ``{axis: value, other_axis: value}``."""
+    return unmet_combinations(ran, world_size, unsupported, strength=2)
+
+
+def unmet_combinations(
+    ran: Iterable[Cell], world_size: int, unsupported: Collection[str] = (), strength: int = 2
+) -> list[dict[str, Any]]:
+    """Every combination of values of ``strength`` axes that the constraints allow but that
+    met in none of the cells that ran, as ``{axis: value, ...}``. (The constraints tie two
+    axes each, so a combination they allow always extends to a whole cell.)"""
     met = set()
     for cell in ran:
         row = [(a, getattr(cell, a)) for a in AXES]
-        met.update(itertools.combinations(row, 2))
+        met.update(itertools.combinations(row, strength))
     values = axis_values(world_size, unsupported)
     unmet = []
-    for a, b in itertools.combinations(AXES, 2):
-        for va, vb in itertools.product(values[a], values[b]):
-            if ((a, va), (b, vb)) not in met and valid({a: va, b: vb}):
-                unmet.append({a: va, b: vb})
+    for axes in itertools.combinations(AXES, strength):
+        for combo in itertools.product(*(values[a] for a in axes)):
+            pairs = tuple(zip(axes, combo, strict=True))
+            if pairs not in met and valid(dict(pairs)):
+                unmet.append(dict(pairs))
     return unmet

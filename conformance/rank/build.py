@@ -62,10 +62,16 @@ class Recipe:
 
 
 def recipe(cell: Cell, device: torch.device) -> Recipe:
-    """The cell's parts; raises Unsupported where the composition's probe refuses it."""
+    """The cell's parts; raises Unsupported where a probe (the composition's, offloading's)
+    refuses it."""
     composition = COMPOSITIONS[cell.composition]
     if composition.probe is not None and (reason := composition.probe(device)):
         raise Unsupported(reason)
+    if POLICIES[cell.offload] is not None:
+        from transforms import offload  # Thunder's import, as below
+
+        if reason := offload.unsupported():
+            raise Unsupported(reason)
     return Recipe(
         cell=cell,
         fixture=fixture_for(cell.model, cell.spec),

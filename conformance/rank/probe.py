@@ -1,17 +1,24 @@
-"""The rank side of the composition probe: which compositions the Thunder under test offers.
+"""The rank side of the probe: which compositions and offload policies the Thunder under test
+offers.
 
 The front end runs it once per session, on a world of the session's size, before it picks
 the cells (``conformance.rank.probe:probe_compositions``, named in the task, never imported
-by the front end): the covering array is then built over the compositions that run.
+by the front end): the covering array is then built over the values that run.
 """
 
 from __future__ import annotations
 
 from conformance.rank.build import rank_device
 from fixtures.compositions import COMPOSITIONS
+from fixtures.offloads import POLICIES
+from transforms import offload
 
 
 def probe_compositions() -> dict[str, str | None]:
-    """Composition name -> why the Thunder under test does not offer it, or None where it does."""
+    """Composition or offload policy name -> why the Thunder under test does not offer it, or
+    None where it does."""
     device = rank_device()
-    return {name: c.probe(device) if c.probe is not None else None for name, c in COMPOSITIONS.items()}
+    found = {name: c.probe(device) if c.probe is not None else None for name, c in COMPOSITIONS.items()}
+    offloading = offload.unsupported()
+    found.update({name: offloading for name, policy in POLICIES.items() if policy is not None})
+    return found

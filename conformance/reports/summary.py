@@ -49,12 +49,16 @@ def summary(report: dict[str, Any], repro: Callable[[str], str], figure: str | N
     ]
     lines += ["", *_unmet(report["coverage"], report["unmet_pairs"])]
     lines += _memory(report, figure)
-    failed = [c for c in report["cells"] if c["outcome"] in ("failed", "error")]
-    if failed:
-        lines += ["## Failures", ""]
-        for c in failed:
-            first = (c.get("message") or "").strip().splitlines()[:12]
-            lines += [f"### `{c['id']}`", "", "```", *first, "```", "", f"Repro: `{repro(c['id'])}`", ""]
+    for outcome, title in (
+        ("failed", "Failures: Thunder does not conform"),
+        ("error", "Errors: the kit broke, not Thunder (no verdict on these items)"),
+    ):
+        items = [c for c in report["cells"] if c["outcome"] == outcome]
+        if items:
+            lines += [f"## {title}", ""]
+            for c in items:
+                first = (c.get("message") or "").strip().splitlines()[:12]
+                lines += [f"### `{c['id']}`", "", "```", *first, "```", "", f"Repro: `{repro(c['id'])}`", ""]
     xfailed = [c for c in report["cells"] if c["outcome"] == "xfailed"]
     if xfailed:
         lines += ["## Known non-conformances (xfails file)", ""]
@@ -62,11 +66,6 @@ def summary(report: dict[str, Any], repro: Callable[[str], str], figure: str | N
         for c in xfailed:
             reasons[c.get("xfail_reason", "")] = reasons.get(c.get("xfail_reason", ""), 0) + 1
         lines += [f"- {n} items: {reason}" for reason, n in reasons.items()]
-        lines.append("")
-    xpassed = [c for c in report["cells"] if c["outcome"] == "xpassed"]
-    if xpassed:
-        lines += ["## Unexpected passes (an xfails entry no longer needed?)", ""]
-        lines += [f"- `{c['id']}`" for c in xpassed]
         lines.append("")
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
 """The report writer: report.jsonl as each item finishes, report.json, summary.md and
-memory.png at the end.
+memory.png at the end; with a baseline report, compare.json and the comparison appended to
+summary.md.
 
 Everything is built from pytest's own reports (and the user_properties that each item of
 the suite attaches), so the files agree with pytest's exit status and its --junitxml.
@@ -7,6 +8,7 @@ the suite attaches), so the files agree with pytest's exit status and its --juni
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 from pathlib import Path
@@ -17,6 +19,8 @@ import pytest
 from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import coverage, unmet_pairs
 from conformance.reports import environment
+from conformance.reports.compare import compare, read_report
+from conformance.reports.compare_markdown import markdown
 from conformance.reports.figures import memory_figure
 from conformance.reports.outcomes import outcome, plain_nodeid
 from conformance.reports.session import SessionInfo
@@ -24,9 +28,11 @@ from conformance.reports.summary import summary
 
 
 class Reporter:
-    def __init__(self, report_dir: Path, session: SessionInfo) -> None:
+    def __init__(self, report_dir: Path, session: SessionInfo, baseline: Path | None = None) -> None:
         self.dir = report_dir
         self.session = session
+        # read now: the run may write its report.json over the baseline's (the same folder)
+        self.baseline = (str(baseline), read_report(baseline)) if baseline is not None else None
         self.records: dict[str, dict[str, Any]] = {}
         self.started = time.time()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -63,6 +69,8 @@ class Reporter:
         report = {
             "environment": environment.describe(self.session.backend, self.session.nproc),
             "exit_status": int(exitstatus),
+            # when the run began (UTC): what orders nights in `python -m conformance.compare --history`
+            "started": datetime.datetime.fromtimestamp(self.started, datetime.timezone.utc).isoformat(),
             "wall_s": time.time() - self.started,
             # every world start is charged to the one cell that needed it (xdist workers too)
             "profile": self.session.profile,
@@ -76,4 +84,10 @@ class Reporter:
         }
         (self.dir / "report.json").write_text(json.dumps(report, indent=2))
         figure = "memory.png" if memory_figure(report, self.dir / "memory.png") else None
-        (self.dir / "summary.md").write_text(summary(report, self.session.repro, figure))
+        text = summary(report, self.session.repro, figure)
+        if self.baseline is not None:
+            name, old = self.baseline
+            comparison = compare(old, report, name, str(self.dir))
+            (self.dir / "compare.json").write_text(json.dumps(comparison.to_json(), indent=2))
+            text = text.rstrip("\n") + "\n\n" + markdown(comparison)
+        (self.dir / "summary.md").write_text(text)
