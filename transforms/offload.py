@@ -31,7 +31,7 @@ from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, TraceProvenance, TraceTag, from_trace, tracectx
 from thunder.core.transform_common import Transform
 from thunder.core.vjp_utils import get_saved_for_backward_tensors
-from thunder.executors.passes import del_last_used
+from thunder.executors import passes
 from thunder.executors.pythonex import clear_mutable_collection
 from thunder.extend import OperatorExecutor
 
@@ -181,7 +181,10 @@ class OffloadTransform(Transform):
         new = from_trace(trace)
         new.bound_symbols = _sink(bsyms, loads)
         new.set_provenance(TraceProvenance(f"Load from {self.destination}"))
-        return del_last_used(new, clear_mutable_collections=True)
+        # looked up on the module at each call, not bound at import: whatever del_last_used
+        # Thunder runs for its own traces (a patched one included) runs for ours too, however
+        # early this module was imported (the composition probe imports it before any cell)
+        return passes.del_last_used(new, clear_mutable_collections=True)
 
 
 def _sink(bsyms: list[BoundSymbol], floating: list[BoundSymbol]) -> list[BoundSymbol]:
