@@ -71,3 +71,23 @@ def run_suite(
         junit=ET.parse(junit).getroot(),
         report_dir=report_dir,
     )
+
+
+def run_refused(tmp: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run the suite with bad input: it must end with pytest's usage-error status (4) and one
+    ``ERROR:`` line, before any world starts. That line."""
+    report_dir = tmp / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", f"--report-dir={report_dir}", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 4, output
+    lines = output.strip().splitlines()  # pytest ends a usage error with a blank line
+    assert len(lines) == 1 and lines[0].startswith("ERROR: "), output
+    assert not (report_dir / "worlds").exists(), "a world was started"
+    return lines[0]

@@ -20,7 +20,7 @@ import pytest
 
 from conformance.frontend import options
 from conformance.matrix.cells import Cell
-from tests.suite_runs import ROOT
+from tests.suite_runs import ROOT, run_refused
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
@@ -62,29 +62,11 @@ BAD = {
 }
 
 
-def _one_error_line(output: str) -> str:
-    """The output's only line (pytest ends a usage error with a blank one)."""
-    lines = output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ERROR: "), output
-    return lines[0]
-
-
 @pytest.mark.parametrize("case", BAD)
 def test_bad_input_is_one_line_and_status_4_before_any_world(tmp_path: Path, case: str) -> None:
     args, env, pattern = BAD[case]
-    report = tmp_path / "report"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", f"--report-dir={report}", *args],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == USAGE_ERROR, output
-    assert re.search(pattern, _one_error_line(output)), output
-    assert not (report / "worlds").exists(), "a world was started"
+    line = run_refused(tmp_path, *args, env=env)
+    assert re.search(pattern, line), line
 
 
 # the same checks in process, for the variants a subprocess each would make slow

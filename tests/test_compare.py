@@ -15,38 +15,19 @@ from typing import Any
 import pytest
 
 from conformance.compare import main
+from conformance.matrix.cells import Cell
 from conformance.reports import history
 from conformance.reports.compare import compare
 from conformance.reports.session import SessionInfo
 from conformance.reports.writer import Reporter
 from tests.suite_runs import ROOT
 
-TIED = "tied_lm-real-fsdp_jit-tied-none-zero2-none-float32-ws2"
-MLP = "mlp-meta_module_init-jit_fsdp-untied-all-zero3-block-bfloat16-ws2"
-AXES = {
-    TIED: dict(
-        model="tied_lm",
-        init="real",
-        composition="fsdp_jit",
-        tie="tied",
-        offload="none",
-        sharding="zero2",
-        bucketing="none",
-        dtype="float32",
-        world_size=2,
-    ),
-    MLP: dict(
-        model="mlp",
-        init="meta_module_init",
-        composition="jit_fsdp",
-        tie="untied",
-        offload="all",
-        sharding="zero3",
-        bucketing="block",
-        dtype="bfloat16",
-        world_size=2,
-    ),
-}
+TIED_CELL = Cell("tied_lm", "real", "fsdp_jit", tie="tied")
+MLP_CELL = Cell(
+    "mlp", "meta_module_init", "jit_fsdp", offload="all", sharding="zero3", bucketing="block", dtype="bfloat16"
+)
+TIED, MLP = TIED_CELL.id, MLP_CELL.id
+AXES = {cell.id: cell.axes() for cell in (TIED_CELL, MLP_CELL)}
 TIMINGS = {"setup_s": 0.05, "step0_s": 6.0, "step1_s": 0.4, "step2_s": 0.3}
 
 

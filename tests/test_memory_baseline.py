@@ -5,14 +5,12 @@ compare.json and summary.md; an unreadable baseline ends the run in one line."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conformance.frontend import baseline
-from tests.suite_runs import ROOT, run_suite
+from tests.suite_runs import run_refused, run_suite
 
 PEAKS = {"setup": 49636, "forward": 2272, "backward": 92628, "step": 11400}
 
@@ -67,16 +65,5 @@ def test_growth_over_the_baseline_fails(tmp_path: Path) -> None:
 
 
 def test_an_unreadable_baseline_ends_the_run_before_any_world_with_status_4(tmp_path: Path) -> None:
-    report = tmp_path / "report"
     missing = tmp_path / "missing.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance", "--baseline", str(missing), f"--report-dir={report}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    output = (proc.stdout + proc.stderr).strip()
-    assert proc.returncode == 4, output
-    assert output.splitlines() == [f"ERROR: --baseline {missing}: no such file"], output
-    assert not (report / "worlds").exists(), "a world was started"
+    assert run_refused(tmp_path, "--baseline", str(missing)) == f"ERROR: --baseline {missing}: no such file"

@@ -5,8 +5,6 @@ world starts with one line and exit status 4. (tests/test_xfails.py runs entries
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +15,7 @@ from conformance.checks import collectives
 from conformance.frontend import xfails
 from conformance.frontend.runner import DEFAULT_XFAILS
 from conformance.matrix.cells import Cell
-from tests.suite_runs import ROOT
+from tests.suite_runs import ROOT, run_refused
 
 PIN = re.search(r"lightning-thunder==([^}\s]+)", (ROOT / "tox.ini").read_text()).group(1)
 
@@ -160,21 +158,9 @@ def test_an_unusable_file_is_one_line_naming_it(tmp_path: Path, case: str) -> No
 @pytest.mark.parametrize("case", ["missing-file", "syntax", "missing-thunder", "bad-template"])
 def test_an_unusable_file_ends_the_run_before_any_world_with_status_4(tmp_path: Path, case: str) -> None:
     path = _bad_file(tmp_path, case)
-    report = tmp_path / "report"
     start = time.monotonic()
-    command = [sys.executable, "-m", "pytest", "conformance", "--xfails", str(path), "-p", "no:cacheprovider"]
-    proc = subprocess.run(
-        [*command, f"--report-dir={report}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    output = (proc.stdout + proc.stderr).strip()
-    assert proc.returncode == 4, output
-    assert output.splitlines() == [f"ERROR: {output.removeprefix('ERROR: ')}"], output  # one line
-    assert re.search(BAD[case][1], output), output
-    assert not (report / "worlds").exists(), "a world was started"
+    line = run_refused(tmp_path, "--xfails", str(path))
+    assert re.search(BAD[case][1], line), line
     assert time.monotonic() - start < 60
 
 

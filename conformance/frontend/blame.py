@@ -11,6 +11,7 @@ Thunder called. Frames of torch, the standard library and pytest decide nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -45,6 +46,7 @@ class Blame:
     frame: Frame | None  # the innermost frame of the owner's code
 
 
+@functools.cache  # where Thunder lives does not change within a process
 def _thunder_root() -> Path | None:
     """Where the Thunder under test lives (found, not imported: the controller stays light)."""
     try:

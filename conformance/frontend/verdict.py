@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterator
-from traceback import extract_tb
 
 import pytest
 
@@ -58,8 +57,8 @@ class Conformance:
         except (KnownNonConformance, KitError):
             raise
         except Exception as exc:  # pytest's own outcomes (fail, skip) are BaseExceptions: not caught
-            frames = [{"file": f.filename, "line": f.lineno, "function": f.name} for f in extract_tb(exc.__traceback__)]
-            raise KitError(_kit_message(cell, area, blame(frames), f"{type(exc).__name__}: {exc}", "")) from exc
+            who = blame(protocol.frames_of(exc))
+            raise KitError(_kit_message(cell, area, who, f"{type(exc).__name__}: {exc}", "")) from exc
 
     def _expect(self, cell: Cell, area: str, record: bool) -> None:
         outcome = self.runner.run(cell)

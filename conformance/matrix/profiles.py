@@ -196,10 +196,11 @@ def cells(profile: str, world_size: int, unsupported: Mapping[str, str]) -> list
         selected = [*_covering(runs, strength=3), *_boundary_arrays(world_size, unsupported)]
     else:
         selected = [*_full(runs), *_boundary_arrays(world_size, unsupported)]
+    offered = axis_values(world_size)
     selected += [
         _stand_in(axis, value, world_size, unsupported)
         for axis in PROBED_AXES
-        for value in axis_values(world_size)[axis]
+        for value in offered[axis]
         if value in unsupported
     ]
     return list(dict.fromkeys(selected))
