@@ -521,6 +521,75 @@ def bucketed_gradients_not_averaged() -> Iterator[None]:
         yield
 
 
+# Bugs that sharding at scale shows (tests/test_scale.py runs them on simulated worlds).
+
+
+def _padded_shard(param: Any, world_size: int, chunk: int, start: int) -> tuple[Any, int | None]:
+    """``chunk`` rows of ``param`` from row ``start``, padded with zeros past its end."""
+    import torch
+
+    rows = max(chunk * world_size, param.shape[0])
+    padded = torch.zeros((rows, *param.shape[1:]), dtype=param.dtype, device=param.device)
+    padded[: param.shape[0]].copy_(param)
+    return padded.narrow(0, start, chunk).clone(), (chunk * world_size - param.shape[0]) or None
+
+
+@contextlib.contextmanager
+def padding_when_divisible() -> Iterator[None]:
+    """Dim 0 padded to the next multiple of the world size even when it is one already
+    (``(D // N + 1) * N``): a chunk one row too long, only where N divides D."""
+    import thunder.distributed.transforms.fsdp_v2 as fsdp_v2
+
+    def shard(param: Any, rank: int, world_size: int, *args: Any, **kwargs: Any) -> Any:
+        chunk = param.shape[0] // world_size + 1
+        return _padded_shard(param, world_size, chunk, chunk * rank)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fsdp_v2, "_shard_tensor", shard)
+        yield
+
+
+@contextlib.contextmanager
+def offset_off_past_first_rank() -> Iterator[None]:
+    """Every rank but the first cuts its shard one row early: each holds its predecessor's
+    last row (shapes, collectives and bytes unchanged)."""
+    import thunder.distributed.transforms.fsdp_v2 as fsdp_v2
+
+    def shard(param: Any, rank: int, world_size: int, *args: Any, **kwargs: Any) -> Any:
+        chunk = -(-param.shape[0] // world_size)
+        return _padded_shard(param, world_size, chunk, max(0, chunk * rank - 1))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fsdp_v2, "_shard_tensor", shard)
+        yield
+
+
+@contextlib.contextmanager
+def collective_order_by_rank() -> Iterator[None]:
+    """Odd ranks issue the parameter gathers in reverse order: a real world would deadlock or
+    gather mismatched buffers; every rank's trace is fine on its own."""
+    import importlib
+
+    import torch.distributed as dist
+
+    utils = importlib.import_module("thunder.distributed.utils")  # the package's ``utils`` is thunder.core's
+    original = utils.maybe_sort_waits
+
+    def maybe_sort_waits(trace: Any) -> tuple[bool, Any]:
+        changed, trace = original(trace)
+        if dist.get_rank() % 2:
+            bsyms = trace.bound_symbols
+            # a parameter's gather reads only the trace's own arguments: any order executes
+            where = [i for i, b in enumerate(bsyms) if "all_gather" in b.sym.name]
+            for i, b in zip(where, reversed([bsyms[i] for i in where]), strict=True):
+                bsyms[i] = b
+        return changed, trace
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(utils, "maybe_sort_waits", maybe_sort_waits)
+        yield
+
+
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     f.__name__: f
     for f in (
@@ -549,6 +618,9 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         zero3_originals_kept,
         bucketed_gradients_not_averaged,
         gradients_lost_later_step,
+        padding_when_divisible,
+        offset_off_past_first_rank,
+        collective_order_by_rank,
     )
 }
 

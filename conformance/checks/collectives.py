@@ -18,12 +18,14 @@ did: `` (the count without bucketing)`` (bucketing NONE) or `` (the count under 
 from __future__ import annotations
 
 import collections
+import hashlib
+from typing import Any
 
 import torch
 
 from conformance.checks.area import Area
 from conformance.checks.findings import Findings
-from conformance.checks.record import CellRecord
+from conformance.checks.record import CellRecord, SimulatedRecord
 from conformance.checks.storages import distinct_storages, padded_bytes
 from conformance.checks.traces import KINDS, collective_symbols, final_traces
 from transforms.policies import proxy_bytes
@@ -82,10 +84,30 @@ def named_alternative(alternatives: list[tuple[str, dict]], phase: str, kind: st
     return next((annotation for annotation, counts in alternatives if counts[phase][kind] == got), None)
 
 
-def check(run: CellRecord) -> Findings:
+SEQUENCE = "collective sequence"  # the metric every rank of a world must agree on (frontend/verdict.py)
+
+
+def sequence(traces: dict[str, Any]) -> list[str]:
+    """Every collective of the traces in the order issued: phase, kind, dtype and bytes out.
+    Ranks whose sequences differ would deadlock or mismatch buffers in a real world."""
+    kinds = {id(b): kind for t in traces.values() for kind, found in collective_symbols(t).items() for b in found}
+    return [
+        f"{phase} {kinds[id(b)]} {str(b.flat_proxy_outs[0].dtype).removeprefix('thunder.dtypes.')} "
+        f"{proxy_bytes(b.flat_proxy_outs[0])} B"
+        for phase, t in traces.items()
+        for b in t.bound_symbols
+        if id(b) in kinds
+    ]
+
+
+def check(run: CellRecord | SimulatedRecord) -> Findings:
     found = Findings()
     cell = run.cell
-    symbols = {phase: collective_symbols(t) for phase, t in final_traces(run.thunder_module).by_phase().items()}
+    traces = final_traces(run.thunder_module).by_phase()
+    symbols = {phase: collective_symbols(t) for phase, t in traces.items()}
+    issued = sequence(traces)
+    found.metrics[SEQUENCE] = issued
+    found.metrics[f"{SEQUENCE} digest"] = hashlib.sha1("\n".join(issued).encode()).hexdigest()[:16]
     expected = expected_counts(run.reference, cell.sharding, cell.bucketing)
     alternatives = alternative_counts(run.reference, cell.sharding, cell.bucketing)
     for phase, found_in in symbols.items():
@@ -108,4 +130,4 @@ def check(run: CellRecord) -> Findings:
     return found
 
 
-AREA = Area("collectives", check)
+AREA = Area("collectives", check, simulated=check)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -81,6 +81,7 @@ class CellResult:
     areas: dict[str, Findings] = dataclasses.field(default_factory=dict)  # area name -> its findings
     timings: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds: setup, each step
     unsupported: str | None = None  # why the Thunder under test cannot build the cell at all
+    rank: int | None = None  # the rank a process of a simulated world acted as (None: its own)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -92,4 +93,13 @@ class CellResult:
             crash = found.get("crash")
             fields = {k: v for k, v in found.items() if k != "crash"}
             areas[name] = Findings(**fields, crash=Crash(**crash) if crash else None)
-        return cls(areas=areas, timings=raw["timings"], unsupported=raw["unsupported"])
+        return cls(areas=areas, timings=raw["timings"], unsupported=raw["unsupported"], rank=raw.get("rank"))
+
+
+def judged(check: Callable[..., Findings], *args: Any) -> Findings:
+    """One area's findings; a check that raises is the kit's failure, recorded for that area
+    alone so that it hides none of the others."""
+    try:
+        return check(*args)
+    except Exception as exc:
+        return Findings(crash=Crash.of(exc))

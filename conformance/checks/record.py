@@ -94,6 +94,34 @@ class MemoryRecord:
 
 
 @dataclasses.dataclass
+class SimulatedMemory:
+    """Bytes on a sampled rank of a simulated world: setup is all that moves no data."""
+
+    setup_peak: int  # what setup allocated at its peak
+    alive_after_setup: int  # every live storage of more than one element right after setup, less the kit's own
+    scalars_after_setup: int  # storages of one element alive then
+
+
+@dataclasses.dataclass
+class SimulatedRecord:
+    """One sampled rank of a simulated world (torch's fake process group: collectives return
+    at once and move nothing). The model was built on the meta device with its weights in
+    the row pattern (fixtures/patterns.py), so a shard's values name the rows it holds;
+    nothing that needs another rank's data (numerics, state dicts) can be judged."""
+
+    cell: Cell
+    rank: int  # the rank this process acted as
+    reference: nn.Module  # the model on the meta device: shapes and ties, no values
+    thunder_module: Any  # live: its shards and its final traces (one forward and backward ran)
+    memory: SimulatedMemory
+    timings: dict[str, float]
+
+    @property
+    def init(self) -> inits.InitMode:
+        return inits.INITS[self.cell.init]
+
+
+@dataclasses.dataclass
 class CellRecord:
     cell: Cell
     rank: int

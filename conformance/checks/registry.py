@@ -3,7 +3,7 @@ one module exposing ``AREA`` and one line here (and its ``conformance/test_<area
 
 from __future__ import annotations
 
-from conformance.checks import collectives, materialization, memory, numerics, offload, state_dict
+from conformance.checks import collectives, materialization, memory, numerics, offload, sharding, state_dict
 from conformance.checks.area import Area
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import expects_reset_error
@@ -17,14 +17,18 @@ AREAS: dict[str, Area] = {
         state_dict.AREA,
         memory.AREA,
         offload.AREA,
+        sharding.AREA,
     )
 }
 
 
 def applies(cell: Cell, name: str) -> bool:
     """Whether area ``name`` judges ``cell``: a negative cell never gets a model to train, so
-    only the areas that judge a refusal apply to it."""
+    only the areas that judge a refusal apply to it; a simulated world moves no data, so only
+    the areas that judge what a rank holds and traces by itself."""
     area = AREAS[name]
+    if cell.simulated:
+        return area.simulated is not None
     if expects_reset_error(cell):
         return area.refusal is not None
-    return area.applies(cell)
+    return area.check is not None and area.applies(cell)

@@ -15,7 +15,8 @@ def distinct_storages(module: torch.nn.Module, trainable_only: bool = False) -> 
         if trainable_only and not p.requires_grad:
             continue
         storage = p.untyped_storage()
-        key = (storage.data_ptr(), storage.nbytes()) if storage.nbytes() else id(p)
+        # meta tensors (a simulated world's model) have no data: each Parameter is its own
+        key = (storage.data_ptr(), storage.nbytes()) if storage.nbytes() and not p.is_meta else id(p)
         seen.setdefault(key, (name, p))
     return dict(seen.values())
 
@@ -24,6 +25,11 @@ def padded_bytes(p: torch.Tensor, world_size: int) -> int:
     """Bytes of the all-gathered tensor: dim 0 padded up to a multiple of the world size."""
     rows = -(-p.shape[0] // world_size) * world_size if p.dim() else 1
     return rows * (p.numel() // max(p.shape[0], 1) if p.dim() else 1) * p.element_size()
+
+
+def shard_bytes(module: torch.nn.Module, world_size: int) -> int:
+    """Bytes of one rank's shards: every distinct storage, dim 0 padded, over the world size."""
+    return sum(padded_bytes(p, world_size) for p in distinct_storages(module).values()) // world_size
 
 
 def tie_groups(module: torch.nn.Module) -> list[list[str]]:

@@ -13,6 +13,7 @@ from conformance.checks.findings import CellResult
 from conformance.frontend import baseline, xfails
 from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import cells
+from conformance.matrix.simulated import SAMPLED
 from conformance.reports import environment
 from conformance.reports.session import SessionInfo
 from conformance.world import protocol
@@ -54,7 +55,7 @@ class Runner:
         self.base_dir = Path(config.getoption("report_dir") or config.rootpath / ".conformance") / "worlds"
         self.baseline = baseline.load(config.getoption("baseline"))
         self.thunder_version = environment.version(environment.THUNDER_DIST)
-        self.worlds: dict[int, World] = {}
+        self.worlds: dict[tuple[int, bool], World] = {}  # (processes, simulated) -> its world
         self.outcomes: dict[str, Outcome] = {}
         # what a rank is asked to do for a cell; the kit's own tests swap in planted bugs
         self.cell_task: Callable[[Cell], protocol.Task] = lambda cell: protocol.Task(RUN_CELL, {"axes": cell.axes()})
@@ -97,25 +98,31 @@ class Runner:
             return f"a world of {size} ranks needs {size} GPUs under nccl, {visible} are visible"
         return None
 
-    def world(self, size: int) -> World:
-        if size not in self.worlds:
-            backend = self.session.backend
-            spec = LaunchSpec(nproc=size, backend=backend, cuda_devices=device_slice(backend, size, self.slot))
-            self.worlds[size] = World(spec, base_dir=self.base_dir)
-        return self.worlds[size]
+    def world(self, size: int, simulated: bool = False) -> World:
+        """The world of ``size`` processes: real ranks of the session's backend, or (simulated)
+        processes that each act as a sampled rank of a cell's world under the fake backend."""
+        if (size, simulated) not in self.worlds:
+            if simulated:
+                spec = LaunchSpec(nproc=size, backend=protocol.NO_GROUP)
+            else:
+                backend = self.session.backend
+                spec = LaunchSpec(nproc=size, backend=backend, cuda_devices=device_slice(backend, size, self.slot))
+            self.worlds[size, simulated] = World(spec, base_dir=self.base_dir)
+        return self.worlds[size, simulated]
 
     def run(self, cell: Cell) -> Outcome:
         if cell.id not in self.outcomes:
-            if (why := self._lacks_devices(cell.world_size)) is not None:
+            if not cell.simulated and (why := self._lacks_devices(cell.world_size)) is not None:
                 # every rank's answer, as a probe that refused the cell would give it
                 answer = CellResult(unsupported=why).to_json()
                 results = [protocol.RankResult(r, protocol.PASSED, answer) for r in range(cell.world_size)]
                 self.outcomes[cell.id] = Outcome(results, duration=0.0, startup=0.0)
                 return self.outcomes[cell.id]
-            world = self.world(cell.world_size)
+            world = self.world(SAMPLED, simulated=True) if cell.simulated else self.world(cell.world_size)
             outcome = world.run(self.cell_task(cell), self.cell_timeout)
             # the probe's world start is charged to the first cell the world serves
-            outcome.startup += self._startup_owed.pop(cell.world_size, 0.0)
+            if not cell.simulated:
+                outcome.startup += self._startup_owed.pop(cell.world_size, 0.0)
             self.outcomes[cell.id] = outcome
             if self.session.isolate:
                 world.close()

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from conformance.checks.collectives import SEQUENCE
 from conformance.checks.findings import CellResult
 from conformance.checks.registry import AREAS, applies
 from conformance.frontend import baseline
@@ -74,8 +75,14 @@ class Conformance:
         unsupported = {r.unsupported for r in results if r.unsupported is not None}
         if unsupported:
             pytest.skip(UNSUPPORTED + " | ".join(sorted(unsupported)))
-        failures = _by_message((rank, msg) for rank, r in enumerate(results) for msg in r.areas[area].failures)
-        for rank, result in enumerate(results):
+        ranks = [i if r.rank is None else r.rank for i, r in enumerate(results)]  # a simulated world's sampled ranks
+        failures = _by_message(
+            (rank, msg) for rank, r in zip(ranks, results, strict=True) for msg in r.areas[area].failures
+        )
+        if area == "collectives":
+            for msg, differing in _sequences_differ(ranks, results):
+                failures.setdefault(msg, []).extend(differing)
+        for rank, result in zip(ranks, results, strict=True):
             if (crash := result.areas[area].crash) is None:
                 continue
             who = blame(crash.frames)
@@ -120,6 +127,12 @@ class Conformance:
         if first is not None and area in first.areas:
             metrics.update(first.areas[area].metrics)
             metrics["timings"] = first.timings
+        if cell.simulated and outcome.ok:  # a few sampled ranks stand for the world: each one's numbers
+            metrics["per rank"] = {  # the sequence itself is the first rank's above; here, its digest
+                str(a.rank): {k: v for k, v in a.areas[area].metrics.items() if k != SEQUENCE}
+                for a in answers
+                if a is not None and area in a.areas
+            }
         props = {"cell": cell.id, "area": area, "axes": cell.axes(), "ranks": ranks, "metrics": metrics}
         self.node.user_properties.extend((k, json.dumps(v)) for k, v in props.items())
 
@@ -145,6 +158,38 @@ def _stale(cell: Cell, area: str, known: list[Expectation], repro: str) -> str:
         for e in known
     ]
     return "\n".join([*lines, repro])
+
+
+def _sequences_differ(ranks: list[int], results: list[CellResult]) -> list[tuple[str, list[int]]]:
+    """Ranks whose collectives, in the order issued, differ from the first rank's: in a real
+    world they would deadlock or exchange mismatched buffers. (message, ranks) per group."""
+    issued = {
+        rank: r.areas["collectives"].metrics.get(SEQUENCE)
+        for rank, r in zip(ranks, results, strict=True)
+        if r.areas["collectives"].crash is None
+    }
+    if not issued:
+        return []
+    first, *_ = issued
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for rank, seq in issued.items():
+        groups.setdefault(tuple(seq or ()), []).append(rank)
+    ours = tuple(issued[first] or ())
+    out = []
+    for seq, members in groups.items():
+        if seq == ours:
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(ours, seq, strict=False)) if a != b), min(len(ours), len(seq)))
+        theirs = seq[at] if at < len(seq) else "nothing"
+        mine = ours[at] if at < len(ours) else "nothing"
+        out.append(
+            (
+                f"collective sequence differs from rank {first}'s ({len(seq)} collectives, rank {first} "
+                f"{len(ours)}): at #{at} {theirs}, rank {first} {mine}",
+                members,
+            )
+        )
+    return out
 
 
 def _by_message(pairs: Iterator[tuple[int, str]]) -> dict[str, list[int]]:

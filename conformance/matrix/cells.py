@@ -21,11 +21,14 @@ class Cell:
     dtype: str = "float32"
     world_size: int = 2
     spec: str | None = None  # JSON structure of a generated model (fixtures/strategies.py)
+    # a world of ``world_size`` ranks acted out under torch's fake process group, a few
+    # sampled ranks standing for all (conformance/rank/simulate.py); its id ends in ``sim``
+    simulated: bool = False
 
     @property
     def id(self) -> str:
         parts = [str(getattr(self, axis)) for axis in AXES]
-        parts[-1] = f"ws{self.world_size}"
+        parts[-1] = f"ws{self.world_size}" + ("sim" if self.simulated else "")
         if self.spec is not None:
             parts.append(hashlib.sha1(self.spec.encode()).hexdigest()[:8])
         return "-".join(parts)
@@ -35,6 +38,8 @@ class Cell:
         out = dataclasses.asdict(self)
         if self.spec is None:
             del out["spec"]
+        if not self.simulated:
+            del out["simulated"]
         return out
 
     def __str__(self) -> str:

@@ -17,6 +17,7 @@ import json
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
+from conformance.matrix import simulated
 from conformance.matrix.cells import AXES, Cell
 from fixtures.compositions import COMPOSITIONS
 from fixtures.inits import INITS
@@ -24,7 +25,7 @@ from fixtures.models import MODELS, fixture_for
 from fixtures.offloads import POLICIES
 from fixtures.options import BUCKETINGS, DTYPES, SHARDINGS, TIES
 
-PROFILES = ("smoke", "ci", "nightly", "full")
+PROFILES = ("smoke", "ci", "nightly", "full", "scale")
 # world sizes beside the session's own: every model (the negative one aside) has a first
 # dimension that neither divides (litgpt's vocab 37, tied_lm's 16 and 33, tie_group's 9 and 5, mlp's 7)
 BOUNDARY_WORLD_SIZES = (3, 4)
@@ -83,6 +84,17 @@ def cell_from_axes(axes: object) -> Cell:
     # bool is an int to Python, never a world size
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a whole number of ranks >= 1, got {world_size!r}")
+    if not isinstance(axes.get("simulated", False), bool):
+        raise ValueError(f"simulated must be true or false, got {axes['simulated']!r}")
+    if axes.get("simulated"):
+        cell = Cell(**axes)
+        allowed = {**simulated.axis_values(), "world_size": [world_size]}
+        for axis, values in allowed.items():
+            if axis in axes and axes[axis] not in values:
+                raise ValueError(f"{axis} {axes[axis]!r} is not one of {', '.join(map(str, values))}")
+        if (why := simulated.why_not(cell)) or not simulated.valid(dataclasses.asdict(cell)):
+            raise ValueError(f"cell {cell.id} cannot be simulated: {why or 'a tie the model does not offer'}")
+        return cell
     allowed = axis_values(world_size)
     allowed["model"] = [*allowed["model"], GENERATED]
     for axis, values in allowed.items():
@@ -186,16 +198,22 @@ def cells(profile: str, world_size: int, unsupported: Mapping[str, str]) -> list
     Thunder under test does not offer it, as the worlds' probe found."""
     if profile == "smoke":
         return list(dict.fromkeys(_smoke(world_size)))
+    if profile == "scale":
+        return list(simulated.covering(unsupported))
     runs = axis_values(world_size, unsupported)
     if profile == "ci":
-        boundary = (_runnable(c, unsupported) for c in BOUNDARY_CI)
+        boundary = (_runnable(c, unsupported) for c in (*BOUNDARY_CI, *simulated.CI))
         selected = [*_covering(runs), *(c for c in boundary if c is not None)]
     elif profile == "nightly":
         # every triple at the session's size; the boundary sizes get what full gives them
         # (a pairwise array each), which covers everything BOUNDARY_CI was picked for
-        selected = [*_covering(runs, strength=3), *_boundary_arrays(world_size, unsupported)]
+        selected = [
+            *_covering(runs, strength=3),
+            *_boundary_arrays(world_size, unsupported),
+            *simulated.covering(unsupported),
+        ]
     else:
-        selected = [*_full(runs), *_boundary_arrays(world_size, unsupported)]
+        selected = [*_full(runs), *_boundary_arrays(world_size, unsupported), *simulated.covering(unsupported)]
     offered = axis_values(world_size)
     selected += [
         _stand_in(axis, value, world_size, unsupported)

@@ -19,7 +19,7 @@ from conformance.matrix.cells import Cell
 from conformance.matrix.plan import SetupPlan, StateDictKind, plan
 from conformance.rank import measure
 from conformance.rank.gather import clones, shard, snapshot
-from fixtures import inits
+from fixtures import inits, patterns
 from fixtures.compositions import COMPOSITIONS, Composition
 from fixtures.models import ModelFixture, fixture_for
 from fixtures.offloads import POLICIES
@@ -169,10 +169,18 @@ def transformed_state_dict(reference: nn.Module, rank: int, world: int) -> dict[
     names = {n for n, _ in reference.named_parameters(remove_duplicate=False)}
     duplicates = tied_duplicates(reference)
     return {
-        k: shard(v, rank, world) if k in names else v.clone()
+        k: _shard_of(v, rank, world) if k in names else v.clone()
         for k, v in reference.state_dict().items()
         if k not in duplicates
     }
+
+
+def _shard_of(full: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """This rank's shard of a reference parameter; of a model on the meta device (a simulated
+    world's: never real), the shard of its row pattern, made without the rest of it."""
+    if full.is_meta:
+        return patterns.shard(tuple(full.shape), rank, world, full.dtype)
+    return shard(full, rank, world)
 
 
 def cell_transforms(cell: Cell, device: torch.device) -> list[Any]:

@@ -8,13 +8,12 @@ every rank (``conformance.rank.entry:run_cell``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from conformance.checks.findings import CellResult, Crash, Findings
+from conformance.checks.findings import CellResult, judged
 from conformance.checks.record import CellRecord, MemoryRecord, SetupRecord, StateDictRecord
 from conformance.checks.registry import AREAS, applies
 from conformance.matrix.cells import Cell
@@ -22,6 +21,7 @@ from conformance.matrix.plan import expects_reset_error
 from conformance.rank import measure
 from conformance.rank.build import Recipe, Reference, Unsupported, build_reference, compose, rank_device, recipe
 from conformance.rank.gather import clones, cpu_copies, gather
+from conformance.rank.simulate import run_simulated
 from conformance.rank.train import train
 
 
@@ -29,6 +29,8 @@ def run_cell(axes: dict[str, Any]) -> dict[str, Any]:
     """Every applicable check area's findings on this rank, or why the cell could not be
     built, as JSON for the controller."""
     cell = Cell(**axes)
+    if cell.simulated:
+        return run_simulated(cell).to_json()
     areas = [area for name, area in AREAS.items() if applies(cell, name)]
     refused = expects_reset_error(cell)  # a negative cell: only its refusal is judged
     try:
@@ -42,15 +44,6 @@ def run_cell(axes: dict[str, Any]) -> dict[str, Any]:
     if refused:
         return CellResult({area.name: judged(area.refusal, cell, None) for area in areas}, run.timings).to_json()
     return CellResult({area.name: judged(area.check, run) for area in areas}, run.timings).to_json()
-
-
-def judged(check: Callable[..., Findings], *args: Any) -> Findings:
-    """One area's findings; a check that raises is the kit's failure, recorded for that area
-    alone so that it hides none of the others."""
-    try:
-        return check(*args)
-    except Exception as exc:
-        return Findings(crash=Crash.of(exc))
 
 
 def drive(cell: Cell) -> CellRecord:

@@ -1,6 +1,6 @@
 """summary.md: one row per cell and one column per check area, the coverage of every axis
-value, the highest memory ratios, every failure with a one-line repro, the known
-non-conformances and the unexpected passes."""
+value, the highest memory ratios, the simulated worlds, every failure with a one-line repro,
+the known non-conformances and the unexpected passes."""
 
 from __future__ import annotations
 
@@ -8,10 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 from conformance.matrix.cells import AXES
+from conformance.reports import simulated
 from conformance.reports.outcomes import MARKS
 
 
-def summary(report: dict[str, Any], repro: Callable[[str], str], figure: str | None = None) -> str:
+def summary(
+    report: dict[str, Any], repro: Callable[[str], str], figure: str | None = None, scale: str | None = None
+) -> str:
+    """The markdown; ``figure`` and ``scale`` name memory.png and scale.png where written."""
     env = report["environment"]
     cells = [c for c in report["cells"] if "axes" in c]
     by_cell: dict[str, dict[str, Any]] = {}
@@ -49,6 +53,7 @@ def summary(report: dict[str, Any], repro: Callable[[str], str], figure: str | N
     ]
     lines += ["", *_unmet(report["coverage"], report["unmet_pairs"])]
     lines += _memory(report, figure)
+    lines += simulated.section(report, scale)
     for outcome, title in (
         ("failed", "Failures: Thunder does not conform"),
         ("error", "Errors: the kit broke, not Thunder (no verdict on these items)"),

@@ -1,6 +1,6 @@
-"""The report writer: report.jsonl as each item finishes, report.json, summary.md and
-memory.png at the end; with a baseline report, compare.json and the comparison appended to
-summary.md.
+"""The report writer: report.jsonl as each item finishes, report.json, summary.md,
+memory.png and (with simulated cells) scale.png at the end; with a baseline report,
+compare.json and the comparison appended to summary.md.
 
 Everything is built from pytest's own reports (and the user_properties that each item of
 the suite attaches), so the files agree with pytest's exit status and its --junitxml.
@@ -23,6 +23,7 @@ from conformance.reports.compare import compare, read_report
 from conformance.reports.compare_markdown import markdown
 from conformance.reports.figures import memory_figure
 from conformance.reports.outcomes import outcome, plain_nodeid
+from conformance.reports.scale import scale_figure
 from conformance.reports.session import SessionInfo
 from conformance.reports.summary import summary
 
@@ -84,7 +85,8 @@ class Reporter:
         }
         (self.dir / "report.json").write_text(json.dumps(report, indent=2))
         figure = "memory.png" if memory_figure(report, self.dir / "memory.png") else None
-        text = summary(report, self.session.repro, figure)
+        scale = "scale.png" if scale_figure(report, self.dir / "scale.png") else None
+        text = summary(report, self.session.repro, figure, scale)
         if self.baseline is not None:
             name, old = self.baseline
             comparison = compare(old, report, name, str(self.dir))

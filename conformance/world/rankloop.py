@@ -112,7 +112,8 @@ def main() -> int:
         import torch
 
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group(backend)
+    if backend != protocol.NO_GROUP:
+        dist.init_process_group(backend)
     store.set(protocol.hello_key(rank), json.dumps({"pid": os.getpid()}))
 
     seq = 0
@@ -125,7 +126,8 @@ def main() -> int:
             break
         store.set(protocol.result_key(seq, rank), _run(task, rank).encode())
         seq += 1
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return 0
 
 

@@ -1,0 +1,72 @@
+"""Sharding: what each sampled rank of a simulated world holds of every parameter.
+
+Expected from the model and the world size alone: FSDP shards dim 0, padded up to a multiple
+of the world size N and cut in N, so every rank holds ``chunk = ceil(D / N)`` rows (the same
+on every rank, which keeps collectives uniform), of which rank r's first
+``clamp(D - r * chunk, 0, chunk)`` are rows ``r * chunk ..`` of the parameter and the rest
+padding. At world sizes near D the last ranks hold partial shards, past it only padding.
+The model's weights are in the row pattern (fixtures/patterns.py), so a shard's values say
+which rows it holds: a wrong offset, a shard cut from the unpadded tensor, a padding rounded
+the wrong way all show as rows that are not the expected ones. Padding rows are not read
+(Thunder leaves them uninitialized).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.checks.area import Area
+from conformance.checks.findings import Findings
+from conformance.checks.record import SimulatedRecord
+from conformance.checks.storages import distinct_storages, shard_bytes
+from fixtures import patterns
+
+
+def held_rows(dim0: int, world_size: int, rank: int) -> range:
+    """The parameter's rows that ``rank``'s shard holds (the rest of it is padding)."""
+    chunk = patterns.chunk_rows(dim0, world_size)
+    start = rank * chunk
+    return range(min(start, dim0), min(start + chunk, dim0))
+
+
+def _describe_rows(values: torch.Tensor) -> str:
+    """What rows of the pattern ``values`` (one value per row) are, for a message."""
+    finite = values[torch.isfinite(values)]
+    if finite.numel() != values.numel() or not torch.equal(finite, finite.round()):
+        return "values that are no rows of the parameter"
+    first, last = int(values[0].item()), int(values[-1].item())
+    return f"rows {first}..{last}" if values.numel() > 1 else f"row {first}"
+
+
+def check(run: SimulatedRecord) -> Findings:
+    found = Findings()
+    world, rank = run.cell.world_size, run.rank
+    tm = run.thunder_module
+    for name, full in distinct_storages(run.reference).items():
+        chunk = patterns.chunk_rows(full.shape[0], world)
+        want_shape = (chunk, *full.shape[1:])
+        with found.expect(f"shard [{name}]"):
+            try:
+                got = tm.get_parameter(name)
+            except AttributeError:
+                raise AssertionError("the Thunder module has no such parameter") from None
+            assert tuple(got.shape) == want_shape, (
+                f"shape {tuple(got.shape)}, expected {want_shape} "
+                f"(dim 0 of {full.shape[0]} padded to a multiple of {world}, cut in {world})"
+            )
+            assert got.dtype == full.dtype, f"dtype {got.dtype}, expected {full.dtype}"
+            assert got.device.type != "meta", "still on the meta device: never materialized"
+            rows = held_rows(full.shape[0], world, rank)
+            held = got.detach()[: len(rows)].reshape(len(rows), -1)
+            want = patterns.rows(rows.start, len(rows), (len(rows), 1), got.dtype).reshape(len(rows), -1)
+            if len(rows) and not torch.equal(held, want.expand_as(held)):
+                raise AssertionError(
+                    f"holds {_describe_rows(held[:, 0])} in its first {len(rows)} rows, "
+                    f"expected rows {rows.start}..{rows.stop - 1}"
+                )
+    held_bytes = sum(p.numel() * p.element_size() for p in tm.parameters())
+    found.equal("shard bytes", held_bytes, shard_bytes(run.reference, world))
+    return found
+
+
+AREA = Area("sharding", check=None, simulated=check)

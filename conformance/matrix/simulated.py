@@ -1,0 +1,87 @@
+"""Simulated cells: worlds of 7 to 1024 ranks acted out under torch's fake process group by
+a few sampled ranks (conformance/rank/simulate.py), on models at real widths.
+
+Only shards are ever real there, so the init modes are those that never hold a whole
+parameter outside module-by-module materialization: each module's ``reset_parameters``, or
+a transformed (already sharded) state dict. Weights are in the row pattern
+(fixtures/patterns.py), exact in float32 only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator
+from typing import Any
+
+from conformance.matrix.cells import Cell
+from fixtures.compositions import COMPOSITIONS
+from fixtures.models import WIDE_MODELS
+
+SAMPLED = 4  # processes of a simulated world, one per sampled rank
+# odd sizes (7, 1000) leave partial and empty shards on the last ranks of every model here;
+# 1024 is the size of a large job, where 3072 MLP rows make three-row shards
+WORLD_SIZES = (7, 8, 64, 1000, 1024)
+INITS = ("meta_module_init", "meta_transformed_sd")
+
+
+def sampled_ranks(world_size: int) -> tuple[int, ...]:
+    """The ranks that stand for a world of ``world_size``: the first two, a middle one, the
+    last (distinct from ``SAMPLED`` = 4 ranks on)."""
+    return (0, 1, world_size // 2, world_size - 1)
+
+
+def why_not(cell: Cell) -> str | None:
+    """Why ``cell`` cannot be simulated, or None."""
+    if cell.world_size < SAMPLED:
+        return f"a simulated world has at least {SAMPLED} ranks (its sampled ranks), got {cell.world_size}"
+    if cell.model not in WIDE_MODELS:
+        return f"a simulated world runs the models at real widths ({', '.join(WIDE_MODELS)}), not {cell.model!r}"
+    if cell.init not in INITS:
+        return f"a simulated world holds only shards: init must be one of {', '.join(INITS)}, not {cell.init!r}"
+    if cell.offload != "none" or cell.dtype != "float32":
+        return "a simulated world runs without offloading, in float32 (its weights' row pattern is exact there)"
+    return None
+
+
+def axis_values(unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
+    """Every axis's values for simulated cells."""
+    return {
+        "model": list(WIDE_MODELS),
+        "init": list(INITS),
+        "composition": [c for c in COMPOSITIONS if c not in unsupported and COMPOSITIONS[c].inits is None],
+        "tie": ["tied", "untied"],
+        "offload": ["none"],
+        "sharding": ["zero2", "zero3"],
+        "bucketing": ["none", "layer", "block"],
+        "dtype": ["float32"],
+        "world_size": list(WORLD_SIZES),
+    }
+
+
+def valid(row: dict[str, Any]) -> bool:
+    return "model" not in row or "tie" not in row or row["tie"] in WIDE_MODELS[row["model"]].ties
+
+
+def covering(unsupported: Collection[str] = ()) -> Iterator[Cell]:
+    """A pairwise covering array of the simulated axes (the ``scale`` profile)."""
+    from covertable import make
+
+    constraint = {"operator": "fn", "requires": ["model", "tie"], "evaluate": valid}
+    for row in make(axis_values(unsupported), strength=2, constraints=[constraint]):
+        yield Cell(**row, simulated=True)
+
+
+# ci's simulated cells: the widest model's shards at an odd size, the other model tied,
+# bucketed and under ZERO3 at the largest size
+CI = (
+    Cell("llama2_7b_width", "meta_module_init", "fsdp_jit", sharding="zero2", world_size=1000, simulated=True),
+    Cell(
+        "pythia_160m",
+        "meta_transformed_sd",
+        "jit_fsdp",
+        tie="tied",
+        sharding="zero3",
+        bucketing="block",
+        world_size=1024,
+        simulated=True,
+    ),
+)
