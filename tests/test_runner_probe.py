@@ -41,7 +41,7 @@ def make_runner(world: StandInWorld, backend: str = "gloo", profile: str = "ci")
     runner.session = SessionInfo(backend, world.size, profile, False, Path("xfails.toml"), True)
     runner.cell_timeout = 10.0
     runner._cells, runner._unsupported, runner._probe_failure, runner._startup_owed = None, None, None, {}
-    runner.worlds, runner.outcomes = {world.size: world}, {}
+    runner.worlds, runner.outcomes = {(world.size, False): world}, {}
     runner.cell_task = lambda cell: protocol.Task("stand.in:run", {"axes": cell.axes()})
     return runner
 

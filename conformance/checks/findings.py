@@ -81,7 +81,6 @@ class CellResult:
     areas: dict[str, Findings] = dataclasses.field(default_factory=dict)  # area name -> its findings
     timings: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds: setup, each step
     unsupported: str | None = None  # why the Thunder under test cannot build the cell at all
-    rank: int | None = None  # the rank a process of a simulated world acted as (None: its own)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -93,7 +92,7 @@ class CellResult:
             crash = found.get("crash")
             fields = {k: v for k, v in found.items() if k != "crash"}
             areas[name] = Findings(**fields, crash=Crash(**crash) if crash else None)
-        return cls(areas=areas, timings=raw["timings"], unsupported=raw["unsupported"], rank=raw.get("rank"))
+        return cls(areas=areas, timings=raw["timings"], unsupported=raw["unsupported"])
 
 
 def judged(check: Callable[..., Findings], *args: Any) -> Findings:

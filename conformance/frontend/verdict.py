@@ -18,6 +18,7 @@ from conformance.frontend import baseline
 from conformance.frontend.blame import KIT, THUNDER, Blame, KitError, blame
 from conformance.frontend.runner import Runner
 from conformance.frontend.xfails import Expectation, KnownNonConformance
+from conformance.matrix import simulated
 from conformance.matrix.cells import Cell
 from conformance.reports.outcomes import UNSUPPORTED
 from conformance.world import protocol
@@ -75,7 +76,7 @@ class Conformance:
         unsupported = {r.unsupported for r in results if r.unsupported is not None}
         if unsupported:
             pytest.skip(UNSUPPORTED + " | ".join(sorted(unsupported)))
-        ranks = [i if r.rank is None else r.rank for i, r in enumerate(results)]  # a simulated world's sampled ranks
+        ranks = _rank_names(cell, len(results))
         failures = _by_message(
             (rank, msg) for rank, r in zip(ranks, results, strict=True) for msg in r.areas[area].failures
         )
@@ -114,8 +115,9 @@ class Conformance:
     def _record(self, cell: Cell, area: str, outcome: Outcome, answers: list[CellResult | None]) -> None:
         """The item's user_properties (pytest's JUnit writer turns them into <property>s)."""
         ranks = []
+        names = _rank_names(cell, len(outcome.results))
         for r, answer in zip(outcome.results, answers, strict=True):
-            entry = {"rank": r.rank, "status": r.status}
+            entry = {"rank": names[r.rank], "status": r.status}
             if answer is not None and area in answer.areas:
                 entry["failures"] = answer.areas[area].failures
                 entry["status"] = protocol.FAILED if entry["failures"] else protocol.PASSED
@@ -129,8 +131,8 @@ class Conformance:
             metrics["timings"] = first.timings
         if cell.simulated and outcome.ok:  # a few sampled ranks stand for the world: each one's numbers
             metrics["per rank"] = {  # the sequence itself is the first rank's above; here, its digest
-                str(a.rank): {k: v for k, v in a.areas[area].metrics.items() if k != SEQUENCE}
-                for a in answers
+                str(name): {k: v for k, v in a.areas[area].metrics.items() if k != SEQUENCE}
+                for name, a in zip(names, answers, strict=True)
                 if a is not None and area in a.areas
             }
         props = {"cell": cell.id, "area": area, "axes": cell.axes(), "ranks": ranks, "metrics": metrics}
@@ -142,7 +144,8 @@ def _raise_if_kit(cell: Cell, area: str, outcome: Outcome, repro: str) -> None:
     for r in outcome.culprits():
         if r.status == protocol.FAILED and (who := blame(r.frames)).owner == KIT:
             detail = f"{r.error or ''}\n{repro}"
-            raise KitError(_kit_message(cell, area, who, f"rank {r.rank}: the cell raised", detail))
+            rank = _rank_names(cell, len(outcome.results))[r.rank]
+            raise KitError(_kit_message(cell, area, who, f"rank {rank}: the cell raised", detail))
 
 
 def _kit_message(cell: Cell, area: str, who: Blame, what: str, detail: str) -> str:
@@ -158,6 +161,12 @@ def _stale(cell: Cell, area: str, known: list[Expectation], repro: str) -> str:
         for e in known
     ]
     return "\n".join([*lines, repro])
+
+
+def _rank_names(cell: Cell, processes: int) -> list[int]:
+    """The rank each process of the cell's world was: its own, or in a simulated world the
+    sampled rank it acted as."""
+    return list(simulated.sampled_ranks(cell.world_size)) if cell.simulated else list(range(processes))
 
 
 def _sequences_differ(ranks: list[int], results: list[CellResult]) -> list[tuple[str, list[int]]]:

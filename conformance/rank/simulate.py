@@ -51,8 +51,8 @@ def run_simulated(cell: Cell) -> CellResult:
         try:
             run = drive(cell, rank)
         except Unsupported as exc:
-            return CellResult(unsupported=str(exc), rank=rank)
-        return CellResult({area.name: judged(area.simulated, run) for area in areas}, run.timings, rank=rank)
+            return CellResult(unsupported=str(exc))
+        return CellResult({area.name: judged(area.simulated, run) for area in areas}, run.timings)
 
 
 def drive(cell: Cell, rank: int) -> SimulatedRecord:
