@@ -9,6 +9,7 @@ cells and which sampled ranks must fail.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -143,3 +144,85 @@ def test_a_bug_only_scale_shows_fails_where_predicted(bug: str, tmp_path) -> Non
             assert outcomes["collectives"] == "failed"
             assert f"ranks {odd}: collective sequence differs from rank 0's" in items[cell.id, "collectives"]["message"]
             assert outcomes["memory"] in known and outcomes["sharding"] in known, outcomes
+
+
+class _Holds:
+    """A stand-in Thunder module holding given shards."""
+
+    def __init__(self, shards: dict[str, torch.Tensor]) -> None:
+        self.shards = shards
+
+    def get_parameter(self, name: str) -> torch.Tensor:
+        if name not in self.shards:
+            raise AttributeError(name)
+        return self.shards[name]
+
+    def parameters(self) -> Iterator[torch.Tensor]:
+        return iter(self.shards.values())
+
+
+def _sharding_failures(shards: dict[str, torch.Tensor], rank: int, world: int = 4) -> list[str]:
+    from conformance.checks import sharding
+    from conformance.checks.record import SimulatedMemory, SimulatedRecord
+
+    with torch.device("meta"):
+        reference = torch.nn.Linear(3, 10)  # weight 10 x 3, bias 10: chunks of 3 rows at 4 ranks
+    cell = Cell("pythia_160m", "meta_module_init", "jit_fsdp", world_size=world, simulated=True)
+    run = SimulatedRecord(cell, rank, reference, _Holds(shards), SimulatedMemory(0, 0, 0), {})
+    return sharding.check(run).failures
+
+
+def _right(rank: int) -> dict[str, torch.Tensor]:
+    return {
+        "weight": patterns.shard((10, 3), rank, 4, torch.float32),
+        "bias": patterns.shard((10,), rank, 4, torch.float32),
+    }
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_sharding_passes_the_right_shards_of_every_rank(rank: int) -> None:
+    assert _sharding_failures(_right(rank), rank) == []
+
+
+def test_sharding_names_a_shard_one_row_off_a_wrong_shape_nan_and_a_missing_one() -> None:
+    # rank 3 holds row 9 and two of padding; cut one row early, it holds rows 8 and 9
+    early = torch.cat([patterns.rows(8, 2, (10, 3), torch.float32), torch.zeros(1, 3)])
+    off = {**_right(3), "weight": early}
+    assert _sharding_failures(off, 3) == ["shard [weight]: holds row 8 in its first 1 rows, expected rows 9..9"]
+    short = {**_right(1), "bias": patterns.shard((10,), 1, 4, torch.float32)[:2]}
+    assert _sharding_failures(short, 1)[0].startswith("shard [bias]: shape (2,), expected (3,) (dim 0 of 10 padded")
+    assert "shard bytes: expected" in _sharding_failures(short, 1)[-1]
+    nan = {**_right(1), "weight": torch.full((3, 3), float("nan"))}
+    assert _sharding_failures(nan, 1) == [
+        "shard [weight]: holds values that are no rows of the parameter in its first 3 rows, expected rows 3..5"
+    ]
+    assert (
+        _sharding_failures({"weight": _right(0)["weight"]}, 0)[0]
+        == "shard [bias]: the Thunder module has no such parameter"
+    )
+
+
+def test_ranks_whose_collective_sequence_differs_are_named_with_the_first_difference() -> None:
+    from conformance.checks.collectives import SEQUENCE
+    from conformance.checks.findings import CellResult, Findings
+    from conformance.frontend.verdict import _sequences_differ
+
+    def answer(seq: list[str]) -> CellResult:
+        return CellResult({"collectives": Findings(metrics={SEQUENCE: seq})})
+
+    same = ["forward all_gather float32 40 B", "forward all_gather float32 12 B"]
+    swapped = list(reversed(same))
+    results = [answer(same), answer(swapped), answer(same), answer([*swapped, "backward reduce_scatter float32 4 B"])]
+    assert _sequences_differ([0, 1, 500, 999], results) == [
+        (
+            "collective sequence differs from rank 0's (2 collectives, rank 0 2): "
+            "at #0 forward all_gather float32 12 B, rank 0 forward all_gather float32 40 B",
+            [1],
+        ),
+        (
+            "collective sequence differs from rank 0's (3 collectives, rank 0 2): "
+            "at #0 forward all_gather float32 12 B, rank 0 forward all_gather float32 40 B",
+            [999],
+        ),
+    ]
+    assert _sequences_differ([0, 1], [answer(same), answer(same)]) == []

@@ -92,12 +92,19 @@ def sequence(traces: dict[str, Any]) -> list[str]:
     Ranks whose sequences differ would deadlock or mismatch buffers in a real world."""
     kinds = {id(b): kind for t in traces.values() for kind, found in collective_symbols(t).items() for b in found}
     return [
-        f"{phase} {kinds[id(b)]} {str(b.flat_proxy_outs[0].dtype).removeprefix('thunder.dtypes.')} "
-        f"{proxy_bytes(b.flat_proxy_outs[0])} B"
+        f"{phase} {kinds[id(b)]} {_described(b)}"
         for phase, t in traces.items()
         for b in t.bound_symbols
         if id(b) in kinds
     ]
+
+
+def _described(bsym: Any) -> str:
+    """A collective's output as ``dtype bytes``, or what is wrong with it."""
+    if not bsym.flat_proxy_outs:
+        return "without an output"
+    out = bsym.flat_proxy_outs[0]
+    return f"{str(out.dtype).removeprefix('thunder.dtypes.')} {proxy_bytes(out)} B"
 
 
 def check(run: CellRecord | SimulatedRecord) -> Findings:
