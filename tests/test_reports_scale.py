@@ -58,7 +58,7 @@ def simulated_items(cell: Cell, shard: int, held: int, gathered: int, digests: d
     memory = {
         r: {
             "measured": {"setup": 3 * held, "alive after setup": held},
-            "retained after setup": {"measured": held, "bound": held, "one-element storages": 0},
+            "retained after setup": {"measured": held, "bound": held, "0-d storages": 0},
             "setup peak": {"measured": 3 * held, "bound": 4 * held, "bound / measured": 4 / 3},
         }
         for r in ranks

@@ -226,3 +226,14 @@ def test_ranks_whose_collective_sequence_differs_are_named_with_the_first_differ
         ),
     ]
     assert _sequences_differ([0, 1], [answer(same), answer(same)]) == []
+
+
+def test_a_repro_names_the_profile_that_picked_its_cell() -> None:
+    from pathlib import Path
+
+    from conformance.reports.session import SessionInfo
+
+    node = f"conformance/test_sharding.py::test_sharding[{SIM.id}]"
+    scale = SessionInfo("gloo", 2, "scale", False, Path("xfails.toml"), True).repro(node)
+    assert scale.endswith(f"test_sharding[{SIM.id}]' --nproc 2 --backend gloo --profile scale")
+    assert "--profile" not in SessionInfo("gloo", 2, "ci", False, Path("xfails.toml"), True).repro(node)

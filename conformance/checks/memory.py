@@ -237,7 +237,7 @@ def _held_after_setup(run: CellRecord | SimulatedRecord, model: Terms, found: Fi
     found.metrics["retained after setup"] = {
         "measured": alive,
         "bound": model.resident,
-        "one-element storages": run.memory.scalars_after_setup,
+        "0-d storages": run.memory.scalars_after_setup,
     }
     with found.expect("memory held after setup"):
         excess = alive - model.resident

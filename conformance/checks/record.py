@@ -84,7 +84,7 @@ class MemoryRecord:
     peaks: dict[str, int]  # phase -> peak bytes: setup's own; forward, backward, step from the end of setup
     eager_peaks: dict[str, int]  # setup, forward and backward of the eager model on this rank's input
     alive_after_setup: int  # every live storage of more than one element right after setup, less the kit's own
-    scalars_after_setup: int  # storages of one element alive then (0-d tensors: counted, not summed)
+    scalars_after_setup: int  # storages only 0-d tensors view, alive then (counted, not summed)
     alive_after_forward: int  # what the measured forward allocated and left alive at its end
     held_after_backward: list[int]  # the same after each backward (the forward's result released)
     held_after_step: list[int]  # bytes the Thunder side allocated in training and still held after each step
@@ -99,7 +99,7 @@ class SimulatedMemory:
 
     setup_peak: int  # what setup allocated at its peak
     alive_after_setup: int  # every live storage of more than one element right after setup, less the kit's own
-    scalars_after_setup: int  # storages of one element alive then
+    scalars_after_setup: int  # storages only 0-d tensors view, alive then
 
 
 @dataclasses.dataclass

@@ -151,7 +151,9 @@ class Census:
     """Distinct tensor storages alive on a device."""
 
     nbytes: int  # bytes of every storage of more than one element
-    scalars: int  # storages of one element (0-d tensors a module may keep: counted, not summed)
+    # storages only 0-d tensors view (scalars a module may keep: counted, not summed); a
+    # one-row shard of a large world is a tensor like any other
+    scalars: int
 
 
 def census(device: torch.device, exclude: set[int], step_s: float = 0.002, tries: int = 5) -> Census:
@@ -171,7 +173,7 @@ def census(device: torch.device, exclude: set[int], step_s: float = 0.002, tries
 
 def _census(device: torch.device, exclude: set[int]) -> Census:
     gc.collect()
-    seen: dict[int, tuple[int, int]] = {}
+    seen: dict[int, tuple[int, bool]] = {}  # data pointer -> (bytes, viewed only by 0-d tensors)
     for obj in gc.get_objects():
         try:
             if not isinstance(obj, torch.Tensor) or obj.device != device or obj.is_meta:
@@ -181,8 +183,8 @@ def _census(device: torch.device, exclude: set[int]) -> Census:
             continue
         ptr = storage.data_ptr()
         if ptr and ptr not in exclude:
-            seen[ptr] = (storage.nbytes(), obj.element_size())
-    scalars = [ptr for ptr, (nbytes, size) in seen.items() if nbytes <= size]
+            seen[ptr] = (storage.nbytes(), obj.dim() == 0 and seen.get(ptr, (0, True))[1])
+    scalars = [ptr for ptr, (_, only_0d) in seen.items() if only_0d]
     return Census(sum(n for n, _ in seen.values()) - sum(seen[p][0] for p in scalars), len(scalars))
 
 

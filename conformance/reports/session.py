@@ -21,6 +21,8 @@ class SessionInfo:
     def repro(self, nodeid: str) -> str:
         """The command line that reruns one item as this run ran it."""
         args = ["python", "-m", "pytest", plain_nodeid(nodeid), "--nproc", str(self.nproc), "--backend", self.backend]
+        if self.profile != "ci":  # the item exists only where its profile picks its cell
+            args += ["--profile", self.profile]
         if not self.default_xfails:
             args += ["--xfails", str(self.xfails_file)]
         return shlex.join(args)
