@@ -10,19 +10,35 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conformance.checks.world_sizes import arithmetic
+import torch
+
+from conformance.checks.storages import distinct_storages
 from conformance.matrix.cells import Cell
 from conformance.matrix.simulated import sampled_ranks
 from conformance.reports.scale import scale_figure
 from conformance.reports.session import SessionInfo
 from conformance.reports.summary import summary
+from conformance.reports.world_sizes import arithmetic
 from conformance.reports.writer import Reporter
+from fixtures.models import fixture_for
 from tests.suite_runs import ROOT
 
 SMALL = Cell("pythia_160m", "meta_module_init", "jit_fsdp", tie="tied", sharding="zero3", world_size=8, simulated=True)
 LARGE = Cell("llama2_7b_width", "meta_module_init", "fsdp_jit", world_size=1000, simulated=True)
 REAL = Cell("tied_lm", "real", "fsdp_jit", tie="tied")
 PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def described(cell: Cell) -> dict[str, Any]:
+    """The model as the sharding area's ``model`` metric describes it."""
+    with torch.device("meta"):
+        module = fixture_for(cell.model).build(cell.tie == "tied")
+    return {
+        "storages": [
+            {"shape": list(p.shape), "element_size": p.element_size()} for p in distinct_storages(module).values()
+        ],
+        "buffer bytes": sum(b.nbytes for b in module.buffers()),
+    }
 
 
 def item(cell: Cell, area: str, per_rank: dict[int, dict[str, Any]], outcome: str = "passed") -> dict[str, Any]:
@@ -63,7 +79,7 @@ def simulated_items(cell: Cell, shard: int, held: int, gathered: int, digests: d
         }
         for r in ranks
     }
-    sharding = {r: {"shard bytes": {"expected": shard, "actual": shard}} for r in ranks}
+    sharding = {r: {"shard bytes": {"expected": shard, "actual": shard}, "model": described(cell)} for r in ranks}
     return [
         item(cell, "collectives", collectives, outcome="xfailed"),
         item(cell, "memory", memory),
@@ -129,11 +145,11 @@ def test_summary_has_a_row_per_simulated_cell() -> None:
 def test_the_arithmetic_meets_a_real_simulated_run() -> None:
     """What pythia_160m (tied) held after setup and all-gathered per rank in a world of 8,
     as a simulated run measured them (/tmp/sim1), lies on the figure's line."""
-    line = arithmetic("pythia_160m", "tied", "float32")
+    line = arithmetic(described(SMALL))
     assert line is not None and line.sizes[0] == 4 and line.sizes[-1] == 1024
     at = line.sizes.index(8)
     assert (line.held[at], line.gathered[at]) == (26_667_520, 211_243_008)
-    assert arithmetic("not_a_model", "tied", "float32") is None
+    assert arithmetic(None) is None  # a report whose ranks did not describe the model: points alone
 
 
 def test_scale_png_only_with_simulated_cells(tmp_path: Path) -> None:

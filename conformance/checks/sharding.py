@@ -68,6 +68,14 @@ def check(run: SimulatedRecord) -> Findings:
                 )
     held_bytes = sum(p.numel() * p.element_size() for p in tm.parameters())
     found.equal("shard bytes", held_bytes, shard_bytes(run.reference, world))
+    # the model's shapes, for the reports to draw its arithmetic at every world size
+    found.metrics["model"] = {
+        "storages": [
+            {"shape": list(p.shape), "element_size": p.element_size()}
+            for p in distinct_storages(run.reference).values()
+        ],
+        "buffer bytes": sum(b.nbytes for b in run.reference.buffers()),
+    }
     return found
 
 

@@ -3,7 +3,8 @@
 One row per (model, tie) with simulated cells: the memory one rank holds after setup (its
 shards and the module's buffers) and the bytes the forward all-gathers per step, both
 against world size on log-log axes. The line is the arithmetic over every world size from 4
-to 1024, from the model built on the meta device as a simulated world builds it; the points
+to 1024, from the model's shapes as the sampled ranks reported them (reports/world_sizes.py,
+no model is built here); the points
 are every sampled rank's measurement, which should sit on the line and on one another
 (ranks that disagree, or a world size where padding was miscounted, show as points apart).
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.reports.simulated import SimulatedCell, simulated_cells
+from conformance.reports.world_sizes import arithmetic
 
 # per panel: title, the Arithmetic field drawn as its line, and where its points are in the
 # report (area, metric, key)
@@ -29,6 +31,11 @@ def measured(cells: list[SimulatedCell], area: str, name: str, key: str) -> tupl
     return [x for x, _ in points], [y for _, y in points]
 
 
+def _described(cells: list[SimulatedCell]) -> Any:
+    """The model as a sampled rank of one of ``cells`` described it (sharding's ``model``)."""
+    return next((m for c in cells for m in c.metric("sharding", "model").values() if m), None)
+
+
 def scale_figure(report: dict[str, Any], path: Path) -> bool:
     """Write the figure to ``path``; False where the report holds no simulated cell."""
     cells = simulated_cells(report)
@@ -40,15 +47,12 @@ def scale_figure(report: dict[str, Any], path: Path) -> bool:
 
     import matplotlib
 
-    # here, not at the top: torch and the model fixtures only for a report with simulated cells
-    from conformance.checks.world_sizes import arithmetic
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(groups), 2, figsize=(10, 4 * len(groups)), constrained_layout=True, squeeze=False)
     for row, ((model, tie), group) in zip(axes, sorted(groups.items()), strict=True):
-        line = arithmetic(model, tie, group[0].dtype)  # None for a model unknown here: points alone
+        line = arithmetic(_described(group))  # None where the ranks did not describe the model: points alone
         for ax, (title, attr, area, name, key) in zip(row, PANELS, strict=True):
             if line is not None:
                 ax.plot(line.sizes, getattr(line, attr), color="grey", lw=1, label="arithmetic")
