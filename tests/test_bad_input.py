@@ -8,10 +8,12 @@ pytest process see a given number."""
 
 from __future__ import annotations
 
+import configparser
 import importlib.util
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ import pytest
 
 from conformance.frontend import options
 from conformance.matrix.cells import Cell
+from tests.fake_gpus import TOO_OLD
 from tests.suite_runs import ROOT, run_refused
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
@@ -59,6 +62,22 @@ BAD = {
         {"CONFORMANCE_FAKE_GPUS": "2"},
         r"--backend nccl: --nproc 4 needs 4 GPUs \(one per rank\), 2 visible",
     ),
+    "nccl-driver-too-old": (
+        ["-p", "tests.fake_gpus", "--backend", "nccl"],
+        {"CONFORMANCE_FAKE_GPUS": "2", "CONFORMANCE_FAKE_CUDA_ERROR": TOO_OLD},
+        r"--backend nccl: no GPU is usable.*: 2 visible, but torch.cuda.init\(\) raised RuntimeError: "
+        + re.escape(TOO_OLD),
+    ),
+    "nproc-gpus-more-xdist-workers-than-gpus": (
+        ["-p", "tests.fake_gpus", "-n", "3", "--nproc", "gpus"],
+        {"CONFORMANCE_FAKE_GPUS": "2"},
+        r"--nproc gpus: 2 GPUs visible.* for 3 xdist workers, whose worlds need at least one each",
+    ),
+    "min-gpus-beyond-the-workers-share": (
+        ["-p", "tests.fake_gpus", "-n", "2", "--min-gpus", "2"],
+        {"CONFORMANCE_FAKE_GPUS": "3"},
+        r"--min-gpus 2: 3 GPUs visible.*, 1 for each of 2 xdist workers, fewer than 2",
+    ),
 }
 
 
@@ -67,6 +86,23 @@ def test_bad_input_is_one_line_and_status_4_before_any_world(tmp_path: Path, cas
     args, env, pattern = BAD[case]
     line = run_refused(tmp_path, *args, env=env)
     assert re.search(pattern, line), line
+
+
+def test_tox_multigpu_refuses_fewer_than_two_gpus_unless_asked(tmp_path: Path) -> None:
+    """tox -e multigpu's own options (tox.ini), on a machine with one GPU: a world of one rank
+    would shard nothing, so the run refuses; ``-- --min-gpus 1`` (after them: the last wins)
+    asks for it explicitly, and the report then says so (tests/test_cuda_path.py)."""
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    command = shlex.split(tox["testenv:multigpu"]["commands"])
+    ours = command[command.index("conformance") + 1 : command.index("--report-dir")]
+    assert ours == ["--backend", "nccl", "--nproc", "gpus", "--min-gpus", "2"]
+    line = run_refused(tmp_path, "-p", "tests.fake_gpus", *ours, env={"CONFORMANCE_FAKE_GPUS": "1"})
+    assert re.fullmatch(
+        r"ERROR: --min-gpus 2: 1 GPU visible.*, fewer than 2 \(a world of one rank shards nothing\); to run on 1 "
+        r"anyway: --min-gpus 1 \(tox -e multigpu -- --min-gpus 1\)",
+        line,
+    ), line
 
 
 # the same checks in process, for the variants a subprocess each would make slow

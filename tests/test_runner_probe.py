@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from conformance.checks.findings import CellResult
-from conformance.frontend import runner as runner_module
+from conformance.frontend.options import XdistPlace
 from conformance.frontend.runner import PROBE, Runner
 from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import cells
 from conformance.reports.session import SessionInfo
-from conformance.world import protocol
+from conformance.world import launch, protocol
 from conformance.world.controller import Outcome
 
 LEGACY = "thunder.distributed.fsdp(nn.Module) raises TypeError: planted"
@@ -36,8 +36,11 @@ class StandInWorld:
         pass
 
 
-def make_runner(world: StandInWorld, backend: str = "gloo", profile: str = "ci") -> Runner:
+def make_runner(
+    world: StandInWorld, backend: str = "gloo", profile: str = "ci", place: XdistPlace | None = None
+) -> Runner:
     runner = Runner.__new__(Runner)  # the state __init__ reads from pytest's options
+    runner.place = place or XdistPlace()
     runner.session = SessionInfo(backend, world.size, profile, False, Path("xfails.toml"), True)
     runner.cell_timeout = 10.0
     runner._cells, runner._unsupported, runner._probe_failure, runner._startup_owed = None, None, None, {}
@@ -66,7 +69,7 @@ def test_a_probe_that_does_not_complete_fails_collection_and_never_passes_for_su
 
 
 def test_a_cell_larger_than_the_visible_gpus_is_unsupported_under_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_module, "visible_cuda_devices", lambda: 2)
+    monkeypatch.setattr(launch, "cuda", lambda: launch.Cuda(2))
     world = StandInWorld(2, CellResult().to_json())
     runner = make_runner(world, backend="nccl")
     outcome = runner.run(Cell("mlp", "real", "fsdp_jit", world_size=4))

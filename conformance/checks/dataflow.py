@@ -1,7 +1,8 @@
 """Live bytes in a trace, from its data flow alone: a tensor lives from its producer to its
 last consumer (to the end, if returned), and views share their base's bytes. The ``del``
 statements Thunder inserted are ignored, so a Thunder that stops freeing is caught rather
-than explained away."""
+than explained away. On a CUDA device each storage counts as its allocator block
+(``storages.allocated_bytes``), as the measurements it is set beside read it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import torch
 
+from conformance.checks.storages import allocated_bytes
 from transforms.policies import proxy_bytes
 
 _ALIASES = {
@@ -71,8 +73,9 @@ def estimated_peak(trace: Any, device: torch.device | None = None) -> int:
     events = [0] * (end + 2)
     for life in lives.values():
         if device is None or life.device == _thunder_device(device):
-            events[life.born] += life.nbytes
-            events[life.last + 1] -= life.nbytes
+            nbytes = life.nbytes if device is None else allocated_bytes(life.nbytes, device)
+            events[life.born] += nbytes
+            events[life.last + 1] -= nbytes
     live = peak = 0
     for delta in events:
         live += delta
@@ -85,7 +88,7 @@ def estimated_returned(trace: Any, device: torch.device) -> int:
     saves for backward): what stays allocated between forward and backward."""
     lives, end = lifetimes(trace)
     return sum(
-        life.nbytes
+        allocated_bytes(life.nbytes, device)
         for life in lives.values()
         if life.last == end and not life.from_input and life.device == _thunder_device(device)
     )

@@ -13,7 +13,13 @@ the forward's all-gathers produce), ``gradient shards`` (trainable shards), ``op
 state`` (AdamW: exp_avg and exp_avg_sq, one of each per trainable
 shard; its step counters are 0-d: counted, not summed; SGD without momentum: none).
 
-Exact (on CPU the tracker counts bytes exactly):
+On CUDA every term, exact or bounding, counts each tensor allocated apart as the caching
+allocator does: its bytes rounded up to a 512-byte block (``storages.allocated_bytes``).
+A shard, a gradient shard, an exp_avg, each is one allocation; AdamW's step counters live on
+the CPU (capturable and fused off) and add nothing there; a bound that adds up several
+tensors rounds each (an upper bound where Thunder packs several in one bucket).
+
+Exact (on CPU the tracker counts bytes exactly; on CUDA up to the allocator's blocks):
 - after setup a rank holds its shards and buffers, nothing more (0-d storages aside);
 - after each backward, the gradient shards and the optimizer state; after each step (its
   gradients zeroed), the optimizer state: a tensor kept per step, an unsharded gradient or
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
 from torch import nn
 
 from conformance.checks.area import Area
@@ -52,7 +59,15 @@ from conformance.checks.dataflow import estimated_peak
 from conformance.checks.findings import Findings
 from conformance.checks.margins import ESTIMATE_FACTOR
 from conformance.checks.record import MEASURED_STEP, CellRecord, SimulatedRecord
-from conformance.checks.storages import distinct_storages, padded_bytes, shard_bytes, tied_duplicates
+from conformance.checks.storages import (
+    allocated_bytes,
+    allocations,
+    distinct_storages,
+    padded_bytes,
+    piece_bytes,
+    shard_bytes,
+    tied_duplicates,
+)
 from conformance.checks.traces import final_traces
 from conformance.matrix.plan import plan
 
@@ -63,12 +78,15 @@ MATERIALIZATION_COPIES = 3
 ACTIVATION_FACTOR = 2
 
 
-def largest_module_bytes(module: nn.Module, world_size: int) -> int:
+def largest_module_bytes(module: nn.Module, world_size: int, device: torch.device | str = "cpu") -> int:
     """The most bytes of parameters and buffers that any one module owns directly (dim 0
-    padded to the world size, as sharding pads it)."""
+    padded to the world size, as sharding pads it; on CUDA each tensor rounded)."""
     return max(
         (
-            sum(padded_bytes(t, world_size) for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)))
+            allocations(
+                (padded_bytes(t, world_size) for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))),
+                device,
+            )
             for m in module.modules()
         ),
         default=0,
@@ -85,28 +103,32 @@ def setup_estimate(run: CellRecord | SimulatedRecord, resident: int) -> int:
     its shard from, and keeps only the shards (``resident`` in the end: shards and buffers);
     from a transformed (already sharded) state dict only shards are made.
     """
-    world = run.cell.world_size
+    world, device = run.cell.world_size, run.device
     reference = run.reference
     if run.init.on_meta:
         if plan(run.cell).materialize == "transformed":
             return resident
-        return resident + 2 * largest_module_bytes(reference, world)
+        return resident + 2 * largest_module_bytes(reference, world, device)
     # then parameter by parameter: a padded copy (where dim 0 needs padding) to cut the shard
     # from, the shard cloned into the new parameter; the originals are released once all
-    # shards are cut (FSDP walks a list that holds them)
+    # shards are cut (FSDP walks a list that holds them). Each one allocation (rounded on CUDA).
     params = distinct_storages(reference).values()
-    live = sharding = sum(p.nbytes for p in params) + sum(b.nbytes for b in reference.buffers())
+    live = sharding = allocations((p.nbytes for p in params), device) + allocations(
+        (b.nbytes for b in reference.buffers()), device
+    )
     for p in params:
         whole, padded = p.nbytes, padded_bytes(p, world)
-        piece = padded // world
-        sharding = max(sharding, live + (padded if padded != whole else 0) + piece, live + 2 * piece)
+        piece = piece_bytes(padded, world, device)
+        copy = allocated_bytes(padded, device) if padded != whole else 0
+        sharding = max(sharding, live + copy + piece, live + 2 * piece)
         live += piece
     return max(run.memory.eager_peaks["setup"], sharding)
 
 
 @dataclasses.dataclass(frozen=True)
 class Terms:
-    """The model's arithmetic for one rank, in bytes (see the module's docstring)."""
+    """The model's arithmetic for one rank, in bytes as the rank's device reads them (on CUDA
+    each tensor its allocator block; see the module's docstring)."""
 
     shards: int
     buffers: int
@@ -124,14 +146,19 @@ class Terms:
 
 
 def terms(run: CellRecord | SimulatedRecord) -> Terms:
-    reference, world = run.reference, run.cell.world_size
-    trainable = distinct_storages(reference, trainable_only=True).values()
-    gradient_shards = sum(padded_bytes(p, world) for p in trainable) // world
+    reference, world, device = run.reference, run.cell.world_size, run.device
+    # one gradient shard per trainable storage (on CUDA a block each; views of one reduce-
+    # scattered bucket round up less, so this stays an upper bound)
+    gradient_shards = shard_bytes(reference, world, device, trainable_only=True)
     return Terms(
-        shards=shard_bytes(reference, world),
-        buffers=sum(b.nbytes for b in reference.buffers()),
-        unsharded=sum(padded_bytes(p, world) for p in distinct_storages(reference).values()),
+        shards=shard_bytes(reference, world, device),
+        buffers=allocations((b.nbytes for b in reference.buffers()), device),
+        unsharded=allocations((padded_bytes(p, world) for p in distinct_storages(reference).values()), device),
         gradient_shards=gradient_shards,
+        # exp_avg and exp_avg_sq: one allocation each per trainable shard. The 0-d step
+        # counters: torch.optim.AdamW keeps them on the CPU unless capturable or fused
+        # (_init_group in torch/optim/adam.py), which the kit's AdamW is not, so nothing on
+        # CUDA; on CPU they are 0-d, counted apart rather than summed
         adamw_state=2 * gradient_shards,
         handed_over=_handed_over_bytes(run),
     )
@@ -140,16 +167,16 @@ def terms(run: CellRecord | SimulatedRecord) -> Terms:
 def _handed_over_bytes(run: CellRecord | SimulatedRecord) -> int:
     """Bytes of the state dict the kit handed over: the reference's own (each entry a copy),
     or this rank's shards of it (tied duplicates left out) with the persistent buffers."""
-    kind = plan(run.cell).handed_over
+    kind, device = plan(run.cell).handed_over, run.device
     state = run.reference.state_dict()
     if kind == "original":
-        return sum(t.nbytes for t in state.values())
+        return allocations((t.nbytes for t in state.values()), device)
     if kind == "transformed":
         duplicates = tied_duplicates(run.reference)
         params = {n for n, _ in run.reference.named_parameters()}
         world = run.cell.world_size
         return sum(
-            padded_bytes(t, world) // world if n in params else t.nbytes
+            piece_bytes(padded_bytes(t, world), world, device) if n in params else allocated_bytes(t.nbytes, device)
             for n, t in state.items()
             if n not in duplicates
         )
@@ -169,7 +196,7 @@ def check(run: CellRecord) -> Findings:
 
     estimate = setup_estimate(run, model.resident)
     if run.init.on_meta:
-        bound = model.resident + MATERIALIZATION_COPIES * largest_module_bytes(reference, world)
+        bound = model.resident + MATERIALIZATION_COPIES * largest_module_bytes(reference, world, run.device)
     else:
         bound = int(ESTIMATE_FACTOR * estimate)
     _bounded(found, "setup", memory.peaks["setup"], bound, estimate=estimate)
@@ -177,7 +204,10 @@ def check(run: CellRecord) -> Findings:
     held = _held_after_steps(run, model, found)
     eager = memory.eager_peaks
     activations = eager.get("float32 forward", eager["forward"])
-    copies = sum(s.nbytes for s in memory.saved or [] if s is not None and s.offloaded and s.device == str(run.device))
+    copies = allocations(
+        (s.nbytes for s in memory.saved or [] if s is not None and s.offloaded and s.device == str(run.device)),
+        run.device,
+    )
     forward = model.unsharded + ACTIVATION_FACTOR * activations + copies + _late_release(run)
     backward = forward + eager.get("float32 backward", eager["backward"])
     traces = final_traces(run.thunder_module).by_phase()
@@ -197,7 +227,8 @@ def check_simulated(run: SimulatedRecord) -> Findings:
     found.metrics["terms"] = dataclasses.asdict(model)
     found.metrics["measured"] = {"setup": run.memory.setup_peak, "alive after setup": run.memory.alive_after_setup}
     _held_after_setup(run, model, found)
-    bound = model.resident + MATERIALIZATION_COPIES * largest_module_bytes(run.reference, run.cell.world_size)
+    world = run.cell.world_size
+    bound = model.resident + MATERIALIZATION_COPIES * largest_module_bytes(run.reference, world, run.device)
     _bounded(found, "setup", run.memory.setup_peak, bound, estimate=setup_estimate(run, model.resident))
     return found
 
@@ -213,7 +244,7 @@ def _late_release(run: CellRecord) -> int:
     world = run.cell.world_size
     return max(
         (
-            sum(padded_bytes(storages[n], world) for n in names)
+            allocations((padded_bytes(storages[n], world) for n in names), run.device)
             for names in buckets(run.reference, run.cell.bucketing).values()
         ),
         default=0,

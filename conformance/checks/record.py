@@ -120,6 +120,12 @@ class SimulatedRecord:
     def init(self) -> inits.InitMode:
         return inits.INITS[self.cell.init]
 
+    @property
+    def device(self) -> torch.device:
+        """Where the shards are, as a real world's record says: the CPU, whatever the session's
+        backend (conformance/rank/simulate.py), so its bytes are read exactly, unrounded."""
+        return torch.device("cpu")
+
 
 @dataclasses.dataclass
 class CellRecord:

@@ -9,6 +9,7 @@ strings and converted here, where the message can be one line. (``--backend`` an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,30 +21,78 @@ from conformance.matrix.profiles import cell_from_axes
 from conformance.world import launch
 
 
+@dataclasses.dataclass(frozen=True)
+class XdistPlace:
+    """Where this pytest process stands among xdist's: worker ``slot`` of ``workers`` (0 of 1
+    without xdist). The visible GPUs are split into one disjoint block per worker."""
+
+    slot: int = 0
+    workers: int = 1
+
+
+def xdist_place(config: pytest.Config) -> XdistPlace:
+    """In a worker xdist says so in PYTEST_XDIST_WORKER(_COUNT); the controller counts the
+    workers it will start (``-n N`` is N ``popen`` specs). Whether this is a worker is read from
+    the config, never the environment alone: a suite run from inside an xdist worker (the
+    kit's own tests) inherits those variables without being one."""
+    if hasattr(config, "workerinput"):
+        worker = config.workerinput["workerid"]  # type: ignore[attr-defined]
+        count = os.environ.get("PYTEST_XDIST_WORKER_COUNT") or config.workerinput["workercount"]  # type: ignore[attr-defined]
+        return XdistPlace(int(worker[2:]) if worker[2:].isdigit() else 0, int(count))
+    if getattr(config.option, "dist", "no") == "no":
+        return XdistPlace()
+    return XdistPlace(0, sum(_tx_workers(spec) for spec in getattr(config.option, "tx", None) or []) or 1)
+
+
+def _tx_workers(spec: str) -> int:
+    count, star, _ = spec.partition("*")  # "3*popen" is three workers, as xdist expands it
+    return int(count) if star and count.isdigit() else 1
+
+
 def check(config: pytest.Config) -> None:
     """Raise ``pytest.UsageError`` (one line) for the first bad option; settle ``--nproc``
-    (``gpus`` included) and ``--cell-timeout`` into numbers for everything that reads them."""
-    config.option.nproc = _nproc(config.option.nproc)
+    (``gpus`` included), ``--cell-timeout`` and ``--min-gpus`` into numbers for everything
+    that reads them."""
+    workers = xdist_place(config).workers
+    config.option.nproc = _nproc(config.option.nproc, workers)
     config.option.cell_timeout = _cell_timeout(config.option.cell_timeout)
+    config.option.min_gpus = _min_gpus(config.option.min_gpus, workers)
     if config.option.backend == "nccl":
-        _enough_gpus(config.option.nproc)
+        _enough_gpus(config.option.nproc, workers)
     if config.option.replay is not None:
         replay(config.option.replay)
 
 
 def _visible() -> str:
     """What restricts the devices, for the message: CUDA_VISIBLE_DEVICES where it is set."""
-    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    value = os.environ.get(launch.MASK)
     return "" if value is None else f" (CUDA_VISIBLE_DEVICES={value!r})"
 
 
-def _nproc(value: object) -> int:
-    # an int already where pytest's default or xdist's controller (which sends its settled
-    # options to the workers) gave it
+def _no_gpu() -> str:
+    """Why no rank can have a GPU: none visible, or this torch cannot use those that are."""
+    found = launch.cuda()
+    if found.unusable:
+        return f"no GPU is usable{_visible()}: {found.devices} visible, but {found.unusable}"
+    return f"no GPU is visible{_visible()}"
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" + ("" if n == 1 else "s")
+
+
+def _share(workers: int) -> str:
+    """The per-worker block, for a message, where xdist splits the GPUs."""
+    if workers == 1:
+        return ""
+    return f", {launch.gpus_per_worker(workers)} for each of {workers} xdist workers"
+
+
+def _nproc(value: object, workers: int = 1) -> int:
+    # an int already where pytest's default gave it; xdist's workers parse the command line
+    # again, so they settle 'gpus' themselves, to the same share as the controller
     if value == "gpus":
-        if (gpus := launch.visible_cuda_devices()) == 0:
-            raise pytest.UsageError(f"--nproc gpus: no GPU is visible{_visible()}")
-        return gpus
+        return _one_rank_per_gpu(workers)
     try:
         n = int(value)  # type: ignore[call-overload]
     except ValueError:
@@ -51,6 +100,18 @@ def _nproc(value: object) -> int:
     if n < 1:
         raise pytest.UsageError(f"--nproc must be at least 1, got {n}")
     return n
+
+
+def _one_rank_per_gpu(workers: int) -> int:
+    """``--nproc gpus``: one rank per GPU of this worker's block (all visible without xdist)."""
+    if launch.visible_cuda_devices() == 0:
+        raise pytest.UsageError(f"--nproc gpus: {_no_gpu()}")
+    if (gpus := launch.gpus_per_worker(workers)) == 0:
+        raise pytest.UsageError(
+            f"--nproc gpus: {_gpus(launch.visible_cuda_devices())} visible{_visible()} for {workers} xdist workers, "
+            "whose worlds need at least one each: run fewer workers"
+        )
+    return gpus
 
 
 def _cell_timeout(value: object) -> float:
@@ -64,15 +125,37 @@ def _cell_timeout(value: object) -> float:
     return seconds
 
 
-def _enough_gpus(nproc: int) -> None:
+def _min_gpus(value: object, workers: int = 1) -> int | None:
+    """``--min-gpus N`` (tox -e multigpu passes 2): refuse to start with fewer usable GPUs per
+    worker, where a world of one rank would pass while sharding nothing."""
+    if value is None:
+        return None
+    try:
+        n = int(value)  # type: ignore[call-overload]
+    except ValueError:
+        raise pytest.UsageError(f"--min-gpus must be a whole number of GPUs, got {value!r}") from None
+    if n < 0:
+        raise pytest.UsageError(f"--min-gpus must be at least 0, got {n}")
+    if launch.visible_cuda_devices() == 0 and n > 0:
+        raise pytest.UsageError(f"--min-gpus {n}: {_no_gpu()}")
+    if (gpus := launch.gpus_per_worker(workers)) < n:
+        raise pytest.UsageError(
+            f"--min-gpus {n}: {_gpus(launch.visible_cuda_devices())} visible{_visible()}{_share(workers)}, fewer than "
+            f"{n} (a world of one rank shards nothing); to run on {gpus} anyway: --min-gpus {gpus} "
+            f"(tox -e multigpu -- --min-gpus {gpus})"
+        )
+    return n
+
+
+def _enough_gpus(nproc: int, workers: int = 1) -> None:
     """NCCL refuses two ranks on one GPU: a world of --nproc ranks needs as many GPUs. (The
     boundary world sizes are checked per cell: a cell too large is reported unsupported.)"""
-    gpus = launch.visible_cuda_devices()
-    if gpus == 0:
-        raise pytest.UsageError(f"--backend nccl: no GPU is visible{_visible()}; use --backend gloo or auto")
-    if gpus < nproc:
+    if launch.visible_cuda_devices() == 0:
+        raise pytest.UsageError(f"--backend nccl: {_no_gpu()}; use --backend gloo or auto")
+    if launch.gpus_per_worker(workers) < nproc:
         raise pytest.UsageError(
-            f"--backend nccl: --nproc {nproc} needs {nproc} GPUs (one per rank), {gpus} visible{_visible()}"
+            f"--backend nccl: --nproc {nproc} needs {nproc} GPUs (one per rank), "
+            f"{launch.visible_cuda_devices()} visible{_visible()}{_share(workers)}"
         )
 
 

@@ -39,13 +39,21 @@ settings.load_profile("ci")
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "Thunder distributed conformance")
-    # --nproc and --cell-timeout are converted by options.check, so that a bad one is one line
-    group.addoption("--nproc", default=2, help="ranks per world (default 2), or 'gpus' for one per visible GPU")
+    # --nproc, --cell-timeout and --min-gpus are converted by options.check, so that a bad one is one line
+    group.addoption(
+        "--nproc", default=2, help="ranks per world (default 2), or 'gpus' for one per usable GPU (per xdist worker)"
+    )
     group.addoption(
         "--backend",
         choices=("auto", "gloo", "nccl"),
         default="auto",
-        help="process group backend; auto = nccl when --nproc GPUs are visible, else gloo",
+        help="process group backend; auto = nccl when --nproc usable GPUs are visible (per xdist worker), else gloo",
+    )
+    group.addoption(
+        "--min-gpus",
+        default=None,
+        metavar="N",
+        help="refuse to start (exit 4) with fewer than N usable GPUs per xdist worker; tox -e multigpu passes 2",
     )
     group.addoption("--cell-timeout", default=300.0, help="seconds a cell may run before its world is killed (> 0)")
     group.addoption("--isolate", action="store_true", help="start a fresh world for every cell instead of reusing one")

@@ -3,22 +3,21 @@ under --isolate), runs each cell once and remembers its outcome for every area's
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from conformance.checks.findings import CellResult
-from conformance.frontend import baseline, xfails
+from conformance.frontend import baseline, options, xfails
 from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import cells
 from conformance.matrix.simulated import SAMPLED
 from conformance.reports import environment
 from conformance.reports.session import SessionInfo
-from conformance.world import protocol
+from conformance.world import launch, protocol
 from conformance.world.controller import Outcome, World
-from conformance.world.launch import ROOT, LaunchSpec, device_slice, resolve_backend, visible_cuda_devices
+from conformance.world.launch import ROOT, LaunchSpec
 
 RUN_CELL = "conformance.rank.entry:run_cell"  # named, never imported: the ranks import it
 PROBE = "conformance.rank.probe:probe_compositions"  # composition -> why unsupported, or None
@@ -40,18 +39,23 @@ class Runner:
         self._unsupported: dict[str, str] | None = None
         self._probe_failure: str | None = None
         self._startup_owed: dict[int, float] = {}  # a world's start not yet charged to a cell
+        self.place = options.xdist_place(config)  # which block of the visible GPUs is this process's
+        requested: str = config.getoption("backend")
+        found = launch.cuda()
         # the run's options, kept once: the reports read them too
         self.session = SessionInfo(
-            backend=resolve_backend(config.getoption("backend"), nproc),
+            backend=launch.resolve_backend(requested, nproc, self.place.workers),
             nproc=nproc,
             profile=profile,
             isolate=config.getoption("isolate"),
             xfails_file=xfails_file,
             default_xfails=xfails_file == DEFAULT_XFAILS,
+            requested_backend=requested,
+            gpus_visible=found.devices,
+            cuda_unusable=found.unusable,
+            xdist_workers=self.place.workers,
         )
         self.cell_timeout: float = config.getoption("cell_timeout")
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-        self.slot = int(worker[2:]) if worker[2:].isdigit() else 0
         self.base_dir = Path(config.getoption("report_dir") or config.rootpath / ".conformance") / "worlds"
         self.baseline = baseline.load(config.getoption("baseline"))
         self.thunder_version = environment.version(environment.THUNDER_DIST)
@@ -94,9 +98,11 @@ class Runner:
 
     def _lacks_devices(self, size: int) -> str | None:
         """Why a world of ``size`` ranks cannot exist here, or None."""
-        if self.session.backend == "nccl" and size > (visible := visible_cuda_devices()):
-            return f"a world of {size} ranks needs {size} GPUs under nccl, {visible} are visible"
-        return None
+        if self.session.backend != "nccl" or size <= (share := launch.gpus_per_worker(self.place.workers)):
+            return None
+        visible = launch.visible_cuda_devices()
+        per_worker = f" ({share} for each of {self.place.workers} xdist workers)" if self.place.workers > 1 else ""
+        return f"a world of {size} ranks needs {size} GPUs under nccl, {visible} are visible{per_worker}"
 
     def world(self, size: int, simulated: bool = False) -> World:
         """The world of ``size`` processes: real ranks of the session's backend, or (simulated)
@@ -106,7 +112,8 @@ class Runner:
                 spec = LaunchSpec(nproc=size, backend=protocol.NO_GROUP)
             else:
                 backend = self.session.backend
-                spec = LaunchSpec(nproc=size, backend=backend, cuda_devices=device_slice(backend, size, self.slot))
+                devices = launch.device_slice(backend, size, self.place.slot, self.place.workers)
+                spec = LaunchSpec(nproc=size, backend=backend, cuda_devices=devices)
             self.worlds[size, simulated] = World(spec, base_dir=self.base_dir)
         return self.worlds[size, simulated]
 

@@ -3,8 +3,10 @@ and a census of every live storage.
 
 On CPU a dispatch-mode tracker of storages (exact for what goes through the dispatcher;
 torch's MemTracker leaves module hooks behind that break Thunder's next trace, and the
-profiler's memory events give no peak); on CUDA the caching allocator's statistics. What
-the numbers are held to is the memory check area's business (``conformance/checks/memory.py``).
+profiler's memory events give no peak); on CUDA the caching allocator's statistics, which
+count each allocation as its block (bytes rounded up to 512: ``storages.allocated_bytes``,
+which the census and the memory area's expectations use there too). What the numbers are
+held to is the memory check area's business (``conformance/checks/memory.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from conformance.checks.storages import allocated_bytes
 
 
 @dataclasses.dataclass
@@ -69,13 +73,16 @@ class _StorageTracker(TorchDispatchMode):
 @contextlib.contextmanager
 def measure(device: torch.device, settle: bool = False) -> Iterator[Reading]:
     """Read the block's peak and what it left alive on ``device``. ``settle``: on CPU, wait
-    for what is alive to stop changing before reading it (see ``_settle``)."""
+    for what is alive to stop changing before reading it (see ``_settle``); on CUDA, collect
+    garbage first (see ``_settle_cuda``)."""
     reading = Reading()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         yield reading
+        if settle:
+            _settle_cuda()
         torch.cuda.synchronize(device)
         reading.peak = torch.cuda.max_memory_allocated(device) - base
         reading.alive = torch.cuda.memory_allocated(device) - base
@@ -112,6 +119,8 @@ class Ledger:
             base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             yield reading
+            if settle:
+                _settle_cuda()
             torch.cuda.synchronize(self.device)
             reading.peak = self.held + torch.cuda.max_memory_allocated(self.device) - base
             self.held += torch.cuda.memory_allocated(self.device) - base
@@ -133,6 +142,15 @@ class Ledger:
             gc.collect() if thorough else gc.collect(1)
             _settle(self._tracker)  # gloo's threads may still hold a finished collective's output
             self.held = self._tracker.live
+            return self.held
+        # CUDA: the allocator cannot tell the Thunder side's frees from the kit's allocations
+        # in between (the reference's steps), so only what the collection itself releases
+        # (NCCL work objects and cycles that hold buffers) is taken off, as a delta around it
+        torch.cuda.synchronize(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        _settle_cuda(thorough)
+        torch.cuda.synchronize(self.device)
+        self.held += torch.cuda.memory_allocated(self.device) - before
         return self.held
 
 
@@ -146,11 +164,20 @@ def _settle(tracker: _StorageTracker, step_s: float = 0.002, tries: int = 25) ->
             return
 
 
+def _settle_cuda(thorough: bool = False) -> None:
+    """The CUDA counterpart of ``_settle``: ``torch.cuda.synchronize`` already waits for the
+    kernels, but an NCCL work object may keep its collective's buffers (inputs, outputs, the
+    flattened bucket) allocated until it is waited on and released; a work object a trace
+    dropped inside a reference cycle lets go only when the garbage collector runs. Collect
+    it (the young generations; every one where ``thorough``), as the CPU path does."""
+    gc.collect() if thorough else gc.collect(1)
+
+
 @dataclasses.dataclass
 class Census:
     """Distinct tensor storages alive on a device."""
 
-    nbytes: int  # bytes of every storage of more than one element
+    nbytes: int  # bytes of every storage of more than one element (on CUDA each its allocator block)
     # storages only 0-d tensors view (scalars a module may keep: counted, not summed); a
     # one-row shard of a large world is a tensor like any other
     scalars: int
@@ -183,7 +210,11 @@ def _census(device: torch.device, exclude: set[int]) -> Census:
             continue
         ptr = storage.data_ptr()
         if ptr and ptr not in exclude:
-            seen[ptr] = (storage.nbytes(), obj.dim() == 0 and seen.get(ptr, (0, True))[1])
+            # on CUDA each storage rounded to its allocator block rather than the allocator
+            # read: so the census still leaves out the kit's own tensors and 0-d storages,
+            # and reads in the allocator's units, as memory_allocated and the expectations do
+            nbytes = allocated_bytes(storage.nbytes(), device)
+            seen[ptr] = (nbytes, obj.dim() == 0 and seen.get(ptr, (0, True))[1])
     scalars = [ptr for ptr, (_, only_0d) in seen.items() if only_0d]
     return Census(sum(n for n, _ in seen.values()) - sum(seen[p][0] for p in scalars), len(scalars))
 

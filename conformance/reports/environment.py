@@ -10,7 +10,10 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Iterable
 from typing import Any
+
+from conformance.reports.session import SessionInfo
 
 THUNDER_DIST = "lightning-thunder"
 THUNDER_SPEC_ENV = "THUNDER_SPEC"
@@ -40,7 +43,7 @@ def thunder_source() -> dict[str, Any]:
     return source
 
 
-def describe(backend: str, nproc: int) -> dict[str, Any]:
+def describe(session: SessionInfo) -> dict[str, Any]:
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -49,6 +52,53 @@ def describe(backend: str, nproc: int) -> dict[str, Any]:
         "thunder": version(THUNDER_DIST),
         "thunder_source": thunder_source(),
         "litgpt": version("litgpt"),
-        "backend": backend,
-        "world_size": nproc,
+        "backend": session.backend,
+        "requested_backend": session.requested_backend,
+        "world_size": session.nproc,
+        "gpus_visible": session.gpus_visible,
+        "cuda_unusable": session.cuda_unusable,
+        "xdist_workers": session.xdist_workers,
     }
+
+
+# What a run that passes did not test, said where a reader of the report cannot miss it: a
+# green run on CPU or on one rank per world reads like a green run on GPUs otherwise.
+UNTESTED = "the CUDA and NCCL path was not tested"
+
+
+def warnings(session: SessionInfo, world_sizes: Iterable[int] = ()) -> list[str]:
+    """One line per way the run differs from what its environment suggests; ``world_sizes``:
+    those of the real (not simulated) cells that ran."""
+    found = [_cpu_despite_gpus(session), _one_rank_worlds(session, set(world_sizes))]
+    return [w for w in found if w is not None]
+
+
+def _cpu_despite_gpus(session: SessionInfo) -> str | None:
+    """GPUs are visible, yet every rank ran gloo on CPU: which of the three reasons."""
+    n = session.gpus_visible
+    if session.backend != "gloo" or n == 0:
+        return None
+    gpus = f"{n} GPU{'' if n == 1 else 's'} visible"
+    if session.cuda_unusable:
+        return f"{gpus}, but this torch cannot use them ({session.cuda_unusable}): every rank ran on CPU; {UNTESTED}"
+    if session.requested_backend == "gloo":
+        return f"{gpus}, but --backend gloo was asked for: every rank ran on CPU; {UNTESTED}"
+    workers = session.xdist_workers
+    share = f", {n // workers} for each of {workers} xdist workers" if workers > 1 else ""
+    return (
+        f"{gpus}{share}: fewer than the {session.nproc} ranks of a world (NCCL needs one each), so --backend auto "
+        f"chose gloo and every rank ran on CPU; {UNTESTED}"
+    )
+
+
+def _one_rank_worlds(session: SessionInfo, world_sizes: set[int]) -> str | None:
+    """A world of one rank holds every parameter whole: its shards, gathers and reductions are
+    the identity, so a pass there says nothing of sharding."""
+    if session.nproc != 1:
+        return None
+    others = sorted(world_sizes - {1})
+    sharded = f"only the cells of world size {', '.join(map(str, others))} sharded" if others else "nothing was sharded"
+    return (
+        f"{session.backend} with one rank per world (--nproc 1): sharding is the identity there (each shard is the "
+        f"whole parameter, collectives move nothing); {sharded}"
+    )

@@ -17,6 +17,12 @@ class SessionInfo:
     isolate: bool
     xfails_file: Path
     default_xfails: bool  # whether xfails_file is the kit's own (a repro need not name it)
+    # what was asked for and what the pytest process found of CUDA: the report says when the
+    # run did not exercise the GPUs it could see (reports/environment.py: warnings)
+    requested_backend: str = "auto"
+    gpus_visible: int = 0  # torch.cuda.device_count(), through CUDA_VISIBLE_DEVICES
+    cuda_unusable: str | None = None  # why this torch cannot use them, where it cannot
+    xdist_workers: int = 1  # the visible GPUs are split between them
 
     def repro(self, nodeid: str) -> str:
         """The command line that reruns one item as this run ran it."""

@@ -32,6 +32,7 @@ def summary(
     lines = [
         "# Thunder distributed conformance",
         "",
+        *_warnings(report.get("warnings", [])),
         f"Thunder {env['thunder']} ({src.get('spec') or 'the kit pin'}; from {src.get('installed_from')}), "
         f"torch {env['torch']}, backend {env['backend']}, {env['world_size']} ranks: "
         f"**{counts}** in {report['wall_s']:.1f} s (exit status {report['exit_status']}).",
@@ -73,6 +74,13 @@ def summary(
         lines += [f"- {n} items: {reason}" for reason, n in reasons.items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _warnings(warnings: list[str]) -> list[str]:
+    """Above everything else: a green table under these did not test what it seems to."""
+    if not warnings:
+        return []
+    return [*(f"> ⚠️ **{w}**" for w in warnings), ""]
 
 
 def _unmet(coverage: dict[str, dict[str, int]], unmet: list[dict[str, Any]], shown: int = 30) -> list[str]:

@@ -67,8 +67,11 @@ class Reporter:
         ran = {r["cell"]: Cell(**r["axes"]) for r in records if "axes" in r and r["outcome"] != "unsupported"}
         for rec in records:
             counts[rec["outcome"]] = counts.get(rec["outcome"], 0) + 1
+        sizes = {c.world_size for c in ran.values() if not c.simulated}
         report = {
-            "environment": environment.describe(self.session.backend, self.session.nproc),
+            "environment": environment.describe(self.session),
+            # what the run did not test although its environment suggests it did (summary.md's top)
+            "warnings": environment.warnings(self.session, sizes),
             "exit_status": int(exitstatus),
             # when the run began (UTC): what orders nights in `python -m conformance.compare --history`
             "started": datetime.datetime.fromtimestamp(self.started, datetime.timezone.utc).isoformat(),

@@ -7,44 +7,113 @@ repro) without reading how it is supervised.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
+import warnings
 from pathlib import Path
+from typing import Any
 
 from conformance.world import protocol
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: ranks import the kit from here
+MASK = "CUDA_VISIBLE_DEVICES"
 
 
-def visible_cuda_devices() -> int:
+@dataclasses.dataclass(frozen=True)
+class Cuda:
+    """What this process finds of CUDA: the devices the driver shows it, and whether this
+    torch can use them (a CPU build, or a driver older than the build's CUDA, cannot)."""
+
+    devices: int = 0  # torch.cuda.device_count(): NVML's count, through CUDA_VISIBLE_DEVICES
+    unusable: str | None = None  # why this torch cannot use them, where it cannot
+
+    @property
+    def usable(self) -> int:
+        return 0 if self.unusable else self.devices
+
+
+def inspect_cuda(cuda: Any) -> Cuda:
+    """``cuda`` is ``torch.cuda`` (tests hand in a stand-in). device_count() counts through
+    NVML, so it sees devices that the CUDA runtime of this build may fail to initialize: only
+    ``init()`` tells, and its driver error must end up in the report, not end the run."""
+    with warnings.catch_warnings(record=True) as said:  # torch explains a failed init in a warning
+        warnings.simplefilter("always")
+        devices = int(cuda.device_count())  # never raises: 0 where no driver answers
+        if devices == 0:
+            return Cuda()
+        if not cuda.is_available():
+            why = _first_line(said[-1].message) if said else "no reason given"
+            return Cuda(devices, f"torch.cuda.is_available() is False: {why}")
+        try:
+            cuda.init()
+        except Exception as exc:  # a driver or runtime error (RuntimeError), a CPU build (AssertionError)
+            return Cuda(devices, f"torch.cuda.init() raised {type(exc).__name__}: {_first_line(exc)}")
+    return Cuda(devices)
+
+
+def _first_line(what: object) -> str:
+    """A message's first line, without its full stop: it goes inside a sentence."""
+    lines = str(what).strip().splitlines()
+    return lines[0].rstrip(".") if lines else ""
+
+
+@functools.cache
+def cuda() -> Cuda:
+    """Asked once per process: torch caches its own answers after init anyway."""
     try:
         import torch
     except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return Cuda()
+    return inspect_cuda(torch.cuda)
 
 
-def resolve_backend(requested: str, nproc: int) -> str:
+def visible_cuda_devices() -> int:
+    """The GPUs the ranks can use: none where this torch cannot use what is visible."""
+    return cuda().usable
+
+
+def visible_device_ids() -> list[str]:
+    """The devices as the parent's CUDA_VISIBLE_DEVICES names them (indices or ``GPU-…``/
+    ``MIG-…`` UUIDs, in its order), else ``0 .. n-1``. A rank's CUDA_VISIBLE_DEVICES replaces
+    the parent's, so a slice must name the parent's entries, never positions within them.
+    CUDA stops at the first entry that names no device, so only the first ``n`` count."""
+    count = visible_cuda_devices()
+    mask = os.environ.get(MASK)
+    if mask is None:
+        return [str(i) for i in range(count)]
+    return [entry.strip() for entry in mask.split(",") if entry.strip()][:count]
+
+
+def gpus_per_worker(workers: int = 1) -> int:
+    """Each of ``workers`` xdist workers owns an equal, disjoint block of the visible GPUs (a
+    remainder is left idle): worlds of different workers never share a device."""
+    return visible_cuda_devices() // max(workers, 1)
+
+
+def resolve_backend(requested: str, nproc: int, workers: int = 1) -> str:
     """``auto`` is nccl when every rank can have a GPU of its own, gloo otherwise."""
     if requested != "auto":
         return requested
-    return "nccl" if visible_cuda_devices() >= nproc else "gloo"
+    return "nccl" if gpus_per_worker(workers) >= nproc else "gloo"
 
 
-def device_slice(backend: str, nproc: int, slot: int) -> str | None:
-    """The CUDA_VISIBLE_DEVICES of the world in ``slot`` (an xdist worker's index), or None.
+def device_slice(backend: str, nproc: int, slot: int, workers: int = 1) -> str | None:
+    """The CUDA_VISIBLE_DEVICES of a world of ``nproc`` ranks of xdist worker ``slot`` of
+    ``workers``, or None: the first ``nproc`` devices of that worker's block.
 
-    NCCL refuses two ranks on one GPU, so concurrent worlds must not overlap.
+    NCCL refuses two ranks on one GPU, and concurrent workers must not share one.
     """
     if backend != "nccl":
         return None
-    first = slot * nproc
-    if first + nproc > visible_cuda_devices():
+    per = gpus_per_worker(workers)
+    block = visible_device_ids()[slot * per : (slot + 1) * per]
+    if nproc > len(block):
         raise RuntimeError(
-            f"world slot {slot} needs GPUs {first}..{first + nproc - 1} but only "
-            f"{visible_cuda_devices()} are visible: run fewer xdist workers or a smaller --nproc"
+            f"a world of {nproc} ranks in xdist worker {slot} of {workers} needs {nproc} GPUs, its share of the "
+            f"{visible_cuda_devices()} visible is {block}: run fewer xdist workers or a smaller --nproc"
         )
-    return ",".join(str(i) for i in range(first, first + nproc))
+    return ",".join(block[:nproc])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,5 +153,5 @@ class LaunchSpec:
             }
         )
         if self.cuda_devices is not None:
-            env["CUDA_VISIBLE_DEVICES"] = self.cuda_devices
+            env[MASK] = self.cuda_devices
         return env

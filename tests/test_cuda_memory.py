@@ -1,0 +1,167 @@
+"""CUDA memory expectations count the caching allocator's blocks (issue #14), on the CPU: the
+rounding itself; the memory area's terms, setup estimate and bounds for a CUDA device, by
+hand for the mlp model; the CPU numbers unchanged; the offload area's residency estimate; and
+the CUDA ledger taking off what a garbage collection releases. No GPU is needed: a
+``torch.device("cuda", 0)`` is only a name until something is allocated on it."""
+
+from __future__ import annotations
+
+import gc
+import types
+from typing import Any
+
+import pytest
+import torch
+
+from conformance.checks import dataflow, memory
+from conformance.checks.record import SimulatedRecord
+from conformance.checks.storages import allocated_bytes, allocations, piece_bytes, shard_bytes
+from conformance.matrix.cells import Cell
+from fixtures.inits import INITS
+from fixtures.models import MLP
+
+CUDA = torch.device("cuda", 0)
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "cuda"),
+    [(0, 0), (1, 512), (511, 512), (512, 512), (513, 1024), (2**20 + 1, 2**20 + 512)],
+)
+def test_an_allocation_rounds_up_to_the_block_on_cuda_only(nbytes: int, cuda: int) -> None:
+    assert allocated_bytes(nbytes, CUDA) == cuda
+    assert allocated_bytes(nbytes, "cuda:1") == cuda  # a record's device may be a string
+    assert allocated_bytes(nbytes, CPU) == nbytes
+    assert allocated_bytes(nbytes, "cpu") == nbytes
+
+
+def test_pieces_and_sums_round_each_tensor() -> None:
+    assert allocations([4, 600, 0], CUDA) == 512 + 1024
+    assert allocations([4, 600, 0], CPU) == 604
+    # a 0-d tensor cannot be cut: on CUDA one block on every rank, however large the world
+    assert piece_bytes(4, 8, CUDA) == 512
+    assert piece_bytes(4, 8, CPU) == 0  # the CPU arithmetic as it always was
+    assert piece_bytes(960, 2, CUDA) == 512 and piece_bytes(960, 2, CPU) == 480
+
+
+def _run(device: torch.device, init: str = "real", world: int = 2) -> Any:
+    """The fields of a CellRecord that the memory area's arithmetic reads."""
+    cell = Cell(model="mlp", init=init, composition="jit_fsdp", world_size=world)
+    return types.SimpleNamespace(
+        cell=cell,
+        reference=MLP(),
+        device=device,
+        backend="nccl" if device.type == "cuda" else "gloo",
+        init=INITS[init],
+        memory=types.SimpleNamespace(eager_peaks={"setup": 1000}),
+    )
+
+
+# MLP(12, 20, 7) over 2 ranks, dim 0 padded to even: fc1.weight 960 B, fc1.bias 80, fc2.weight
+# 560 (640 padded), fc2.bias 28 (32 padded); shards 480, 40, 320, 16.
+def test_terms_on_cuda_count_one_block_per_tensor() -> None:
+    model = memory.terms(_run(CUDA))
+    assert model == memory.Terms(
+        shards=4 * 512,  # four shards, each under one block
+        buffers=0,
+        unsharded=1024 + 512 + 1024 + 512,  # every all-gathered parameter
+        gradient_shards=4 * 512,
+        adamw_state=2 * 4 * 512,  # exp_avg, exp_avg_sq per shard; the step counters are on the CPU
+        handed_over=0,
+    )
+    assert model.resident == 2048 and model.optimizer_state("AdamW") == 4096 and model.optimizer_state("SGD") == 0
+
+
+def test_terms_on_cpu_are_the_plain_bytes() -> None:
+    model = memory.terms(_run(CPU))
+    assert model == memory.Terms(
+        shards=856, buffers=0, unsharded=1712, gradient_shards=856, adamw_state=1712, handed_over=0
+    )
+    assert model.resident == 856  # README: the mlp cell holds exactly its 856 bytes of shards
+
+
+def test_the_state_dict_handed_over_rounds_each_entry() -> None:
+    assert memory.terms(_run(CUDA, "meta_original_sd")).handed_over == 1024 + 512 + 1024 + 512
+    assert memory.terms(_run(CPU, "meta_original_sd")).handed_over == 960 + 80 + 560 + 28
+    assert memory.terms(_run(CUDA, "meta_transformed_sd")).handed_over == 4 * 512
+    assert memory.terms(_run(CPU, "meta_transformed_sd")).handed_over == 856
+
+
+def test_setup_estimate_and_bounds_round_each_tensor() -> None:
+    # real init, parameter by parameter: the originals (3072 on CUDA), then fc2.weight's
+    # padded copy (1024) and its shard (512) beside the two shards cut before it
+    assert memory.setup_estimate(_run(CUDA), 2048) == 3072 + 2 * 512 + 1024 + 512
+    assert memory.setup_estimate(_run(CPU), 856) == 1628 + 480 + 40 + 640 + 320
+    # meta init: one module's tensors at a time, the largest module's rounded one by one
+    assert memory.largest_module_bytes(MLP(), 2, CUDA) == 1024 + 512
+    assert memory.largest_module_bytes(MLP(), 2) == 960 + 80
+    assert memory.setup_estimate(_run(CUDA, "meta_module_init"), 2048) == 2048 + 2 * 1536
+    assert memory.setup_estimate(_run(CPU, "meta_module_init"), 856) == 856 + 2 * 1040
+    # the gloo allowance (the largest gathered bucket) rounds each of its tensors too
+    gloo_on_cuda = _run(CUDA)
+    gloo_on_cuda.backend = "gloo"
+    assert memory._late_release(gloo_on_cuda) == 1024
+    assert memory._late_release(_run(CPU)) == 960
+    assert memory._late_release(_run(CUDA)) == 0  # NCCL: no late release
+
+
+def test_shard_bytes_keeps_its_cpu_default() -> None:
+    assert shard_bytes(MLP(), 2) == 856 and shard_bytes(MLP(), 2, CUDA) == 2048
+    assert shard_bytes(MLP(), 2, CUDA, trainable_only=True) == 2048
+
+
+def test_a_simulated_world_is_read_on_the_cpu() -> None:
+    assert SimulatedRecord.device.fget(None) == CPU  # type: ignore[attr-defined]
+
+
+def test_trace_estimates_round_each_storage_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    on = dataflow._thunder_device(CUDA)
+    lives = {
+        "out": dataflow.Lifetime(100, 0, 3, on, False),  # returned
+        "saved": dataflow.Lifetime(600, 1, 3, on, False),  # returned
+        "tmp": dataflow.Lifetime(40, 1, 2, on, False),  # freed before the end
+        "arg": dataflow.Lifetime(4000, 0, 3, on, True),  # an input: allocated before the trace
+    }
+    monkeypatch.setattr(dataflow, "lifetimes", lambda trace: (lives, 3))
+    assert dataflow.estimated_returned(None, CUDA) == 512 + 1024
+    assert dataflow.estimated_peak(None, CUDA) == 4096 + 512 + 1024 + 512
+    assert dataflow.estimated_peak(None) == 4000 + 100 + 600 + 40  # every device: plain bytes
+
+
+def test_the_cuda_ledger_takes_off_what_a_collection_frees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An NCCL work object caught in a reference cycle keeps its buffer until the garbage
+    collector runs: reading the ledger collects it and counts the free."""
+    from conformance.rank import measure
+
+    stats = {"allocated": 0, "peak": 0}  # the allocator's statistics, stood in for
+
+    class Buffer:
+        def __init__(self, nbytes: int) -> None:
+            self.nbytes = nbytes
+            stats["allocated"] += nbytes
+            stats["peak"] = max(stats["peak"], stats["allocated"])
+            self.cycle = self
+
+        def __del__(self) -> None:
+            stats["allocated"] -= self.nbytes
+
+    def reset(device: Any = None) -> None:
+        stats["peak"] = stats["allocated"]
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: stats["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: stats["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    gc.collect()
+    gc.disable()  # only the ledger's own collection may free the cycle
+    try:
+        ledger = measure.Ledger(CUDA)
+        with ledger.phase() as reading:
+            Buffer(1024)
+        assert reading.alive == 1024  # still held: the cycle is garbage, not yet collected
+        assert ledger.read() == 0
+        with measure.measure(CUDA, settle=True) as block:
+            Buffer(512)
+        assert block.peak == 512 and block.alive == 0
+    finally:
+        gc.enable()
