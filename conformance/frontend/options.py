@@ -93,12 +93,17 @@ def _nproc(value: object, workers: int = 1) -> int:
     # again, so they settle 'gpus' themselves, to the same share as the controller
     if value == "gpus":
         return _one_rank_per_gpu(workers)
+    return _whole_number(value, "--nproc", 1, "ranks or 'gpus'")
+
+
+def _whole_number(value: object, option: str, least: int, of: str) -> int:
+    """``value`` as a whole number of at least ``least``, or one line saying what is wrong."""
     try:
         n = int(value)  # type: ignore[call-overload]
     except ValueError:
-        raise pytest.UsageError(f"--nproc must be a whole number of ranks or 'gpus', got {value!r}") from None
-    if n < 1:
-        raise pytest.UsageError(f"--nproc must be at least 1, got {n}")
+        raise pytest.UsageError(f"{option} must be a whole number of {of}, got {value!r}") from None
+    if n < least:
+        raise pytest.UsageError(f"{option} must be at least {least}, got {n}")
     return n
 
 
@@ -130,12 +135,7 @@ def _min_gpus(value: object, workers: int = 1) -> int | None:
     worker, where a world of one rank would pass while sharding nothing."""
     if value is None:
         return None
-    try:
-        n = int(value)  # type: ignore[call-overload]
-    except ValueError:
-        raise pytest.UsageError(f"--min-gpus must be a whole number of GPUs, got {value!r}") from None
-    if n < 0:
-        raise pytest.UsageError(f"--min-gpus must be at least 0, got {n}")
+    n = _whole_number(value, "--min-gpus", 0, "GPUs")
     if launch.visible_cuda_devices() == 0 and n > 0:
         raise pytest.UsageError(f"--min-gpus {n}: {_no_gpu()}")
     if (gpus := launch.gpus_per_worker(workers)) < n:
