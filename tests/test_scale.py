@@ -237,3 +237,13 @@ def test_a_repro_names_the_profile_that_picked_its_cell() -> None:
     scale = SessionInfo("gloo", 2, "scale", False, Path("xfails.toml"), True).repro(node)
     assert scale.endswith(f"test_sharding[{SIM.id}]' --nproc 2 --backend gloo --profile scale")
     assert "--profile" not in SessionInfo("gloo", 2, "ci", False, Path("xfails.toml"), True).repro(node)
+
+
+def test_a_simulated_world_that_breaks_names_the_sampled_rank() -> None:
+    from conformance.world import protocol
+    from conformance.world.controller import Outcome
+
+    results = [protocol.RankResult(i, protocol.PASSED) for i in range(4)]
+    results[2] = protocol.RankResult(2, protocol.FAILED, error="Traceback: boom")
+    told = Outcome(results, duration=1.0, startup=0.0).describe(list(simulated.sampled_ranks(1000)))
+    assert told.startswith("--- rank 500: failed") and "boom" in told

@@ -71,7 +71,8 @@ class Conformance:
         repro = f"repro: {self.replay_line(cell) if cell.spec else self.runner.session.repro(self.node.nodeid)}"
         if not outcome.ok:
             _raise_if_kit(cell, area, outcome, repro)
-            pytest.fail(f"cell {cell.id} did not run to completion\n{outcome.describe()}\n{repro}", pytrace=False)
+            names = _rank_names(cell, len(outcome.results))
+            pytest.fail(f"cell {cell.id} did not run to completion\n{outcome.describe(names)}\n{repro}", pytrace=False)
         results = [a for a in answers if a is not None]
         unsupported = {r.unsupported for r in results if r.unsupported is not None}
         if unsupported:

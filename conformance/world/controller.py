@@ -54,10 +54,12 @@ class Outcome:
     def culprits(self) -> list[protocol.RankResult]:
         return sorted((r for r in self.results if not r.ok), key=lambda r: (_BLAME_ORDER[r.status], r.rank))
 
-    def describe(self) -> str:
+    def describe(self, names: list[int] | None = None) -> str:
+        """Each culprit's evidence; ``names``: what to call each process's rank, where it
+        stood for another (a simulated world's sampled ranks)."""
         parts = []
         for r in self.culprits():
-            parts.append(f"--- rank {r.rank}: {r.status} after {r.duration:.1f}s ---")
+            parts.append(f"--- rank {names[r.rank] if names else r.rank}: {r.status} after {r.duration:.1f}s ---")
             for title, body in (("error", r.error), ("stacks", r.stacks), ("log tail", r.log_tail)):
                 if body and body.strip():
                     parts.append(f"[{title}]\n{body.rstrip()}")
