@@ -12,6 +12,7 @@ import pytest
 from conformance.checks.registry import AREAS, applies
 from conformance.matrix.cells import AXES
 from conformance.matrix.profiles import BOUNDARY_WORLD_SIZES, axis_values, cells, unmet_pairs
+from conformance.matrix.simulated import sampled_ranks
 from fixtures.offloads import POLICIES
 from tests.suite_runs import ROOT, SuiteRun, run_suite
 
@@ -54,7 +55,8 @@ def test_report_covers_every_axis_value_and_pair_that_runs(suite: SuiteRun) -> N
         assert set(coverage[axis]) >= set(map(str, values)), axis
         assert all(n > 0 for v, n in coverage[axis].items() if v != "legacy_jit_fsdp"), axis
     assert coverage["composition"]["legacy_jit_fsdp"] == 0  # its one cell is unsupported: it ran nothing
-    assert set(coverage["world_size"]) == {"2", *map(str, BOUNDARY_WORLD_SIZES)}
+    simulated_sizes = {str(c.world_size) for c in cells("ci", 2, unsupported(suite)) if c.simulated}
+    assert simulated_sizes and set(coverage["world_size"]) == {"2", *map(str, BOUNDARY_WORLD_SIZES), *simulated_sizes}
     # the only pairs that met in no cell that ran are those of the unsupported composition
     assert suite.report["unmet_pairs"]
     assert all(p.get("composition") == "legacy_jit_fsdp" for p in suite.report["unmet_pairs"])
@@ -88,18 +90,24 @@ def test_junit_carries_each_cells_axes(suite: SuiteRun) -> None:
     assert len(cases) == sum(applies(c, a) for c in cells("ci", 2, unsupported(suite)) for a in AREAS)
     for case in cases:
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
-        assert set(json.loads(props["axes"])) == set(AXES)
+        simulated = case.get("name").endswith("sim]")  # a simulated cell says so in its axes too
+        assert set(json.loads(props["axes"])) == set(AXES) | ({"simulated"} if simulated else set())
 
 
 def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
     env = suite.report["environment"]
     assert env["backend"] == "gloo" and env["world_size"] == 2
     assert env["thunder"] and env["torch"]
-    sizes = {c.world_size for c in cells("ci", 2, unsupported(suite))}
-    assert suite.report["worlds_started"] == len(sizes), "one healthy world per world size must serve every cell"
+    ci = cells("ci", 2, unsupported(suite))
+    # one healthy world per world size serves every real cell, one simulated world every simulated one
+    worlds = {c.world_size for c in ci if not c.simulated} | ({"simulated"} if any(c.simulated for c in ci) else set())
+    assert suite.report["worlds_started"] == len(worlds), "one healthy world per kind must serve every cell"
     offloading: collections.Counter[str] = collections.Counter()  # policy -> most tensors one cell offloaded
     for cell in suite.report["cells"]:
         if "generated" in cell["id"]:  # examples of generated models are not cells of the matrix
+            continue
+        if cell["axes"].get("simulated"):  # its sampled ranks and metrics: tests/test_scale.py
+            assert [r["rank"] for r in cell["ranks"]] == list(sampled_ranks(cell["axes"]["world_size"]))
             continue
         assert set(cell["axes"]) == set(AXES)
         assert [r["rank"] for r in cell["ranks"]] == list(range(cell["axes"]["world_size"]))
