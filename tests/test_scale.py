@@ -14,13 +14,13 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from conformance.checks.sharding import held_rows
 from conformance.checks.storages import distinct_storages
 from conformance.matrix import simulated
 from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import cell_from_axes, cells
 from fixtures import patterns
 from fixtures.models import fixture_for
+from fixtures.patterns import held_rows
 from tests.plant_plugin import ENV
 from tests.suite_runs import run_suite
 

@@ -87,10 +87,11 @@ def named_alternative(alternatives: list[tuple[str, dict]], phase: str, kind: st
 SEQUENCE = "collective sequence"  # the metric every rank of a world must agree on (frontend/verdict.py)
 
 
-def sequence(traces: dict[str, Any]) -> list[str]:
-    """Every collective of the traces in the order issued: phase, kind, dtype and bytes out.
-    Ranks whose sequences differ would deadlock or mismatch buffers in a real world."""
-    kinds = {id(b): kind for t in traces.values() for kind, found in collective_symbols(t).items() for b in found}
+def sequence(traces: dict[str, Any], symbols: dict[str, dict[str, list[Any]]]) -> list[str]:
+    """Every collective of the traces (``symbols``: each phase's, by kind) in the order issued:
+    phase, kind, dtype and bytes out. Ranks whose sequences differ would deadlock or mismatch
+    buffers in a real world."""
+    kinds = {id(b): kind for by_kind in symbols.values() for kind, found in by_kind.items() for b in found}
     return [
         f"{phase} {kinds[id(b)]} {_described(b)}"
         for phase, t in traces.items()
@@ -112,7 +113,7 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
     cell = run.cell
     traces = final_traces(run.thunder_module).by_phase()
     symbols = {phase: collective_symbols(t) for phase, t in traces.items()}
-    issued = sequence(traces)
+    issued = sequence(traces, symbols)
     found.metrics[SEQUENCE] = issued
     found.metrics[f"{SEQUENCE} digest"] = hashlib.sha1("\n".join(issued).encode()).hexdigest()[:16]
     expected = expected_counts(run.reference, cell.sharding, cell.bucketing)

@@ -185,8 +185,7 @@ def _handed_over_bytes(run: CellRecord | SimulatedRecord) -> int:
 
 def check(run: CellRecord) -> Findings:
     found = Findings()
-    cell, reference, memory = run.cell, run.reference, run.memory
-    world = cell.world_size
+    memory = run.memory
     model = terms(run)
     found.metrics["terms"] = dataclasses.asdict(model)
     found.metrics["measured"] = dict(memory.peaks)
@@ -195,11 +194,7 @@ def check(run: CellRecord) -> Findings:
     _held_after_setup(run, model, found)
 
     estimate = setup_estimate(run, model.resident)
-    if run.init.on_meta:
-        bound = model.resident + MATERIALIZATION_COPIES * largest_module_bytes(reference, world, run.device)
-    else:
-        bound = int(ESTIMATE_FACTOR * estimate)
-    _bounded(found, "setup", memory.peaks["setup"], bound, estimate=estimate)
+    _bounded(found, "setup", memory.peaks["setup"], _setup_bound(run, model, estimate), estimate=estimate)
 
     held = _held_after_steps(run, model, found)
     eager = memory.eager_peaks
@@ -227,10 +222,18 @@ def check_simulated(run: SimulatedRecord) -> Findings:
     found.metrics["terms"] = dataclasses.asdict(model)
     found.metrics["measured"] = {"setup": run.memory.setup_peak, "alive after setup": run.memory.alive_after_setup}
     _held_after_setup(run, model, found)
-    world = run.cell.world_size
-    bound = model.resident + MATERIALIZATION_COPIES * largest_module_bytes(run.reference, world, run.device)
-    _bounded(found, "setup", run.memory.setup_peak, bound, estimate=setup_estimate(run, model.resident))
+    estimate = setup_estimate(run, model.resident)
+    _bounded(found, "setup", run.memory.setup_peak, _setup_bound(run, model, estimate), estimate=estimate)
     return found
+
+
+def _setup_bound(run: CellRecord | SimulatedRecord, model: Terms, estimate: int) -> int:
+    """Setup's bound: under meta init the shards and buffers plus the copies materialization
+    makes of the largest module; under real init the estimate with its factor."""
+    if run.init.on_meta:
+        world = run.cell.world_size
+        return model.resident + MATERIALIZATION_COPIES * largest_module_bytes(run.reference, world, run.device)
+    return int(ESTIMATE_FACTOR * estimate)
 
 
 def _late_release(run: CellRecord) -> int:

@@ -22,13 +22,6 @@ from conformance.checks.storages import distinct_storages, shard_bytes
 from fixtures import patterns
 
 
-def held_rows(dim0: int, world_size: int, rank: int) -> range:
-    """The parameter's rows that ``rank``'s shard holds (the rest of it is padding)."""
-    chunk = patterns.chunk_rows(dim0, world_size)
-    start = rank * chunk
-    return range(min(start, dim0), min(start + chunk, dim0))
-
-
 def _describe_rows(values: torch.Tensor) -> str:
     """What rows of the pattern ``values`` (one value per row) are, for a message."""
     finite = values[torch.isfinite(values)]
@@ -56,7 +49,7 @@ def check(run: SimulatedRecord) -> Findings:
             )
             assert got.dtype == full.dtype, f"dtype {got.dtype}, expected {full.dtype}"
             assert got.device.type != "meta", "still on the meta device: never materialized"
-            rows = held_rows(full.shape[0], world, rank)
+            rows = patterns.held_rows(full.shape[0], world, rank)
             if not rows:  # a shard of padding only (the last ranks, where dim 0 < world size)
                 continue
             held = got.detach()[: len(rows)].reshape(len(rows), -1)

@@ -4,6 +4,7 @@ one allocation of so many bytes reads as on a device (``allocated_bytes``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -61,8 +62,14 @@ def distinct_storages(module: torch.nn.Module, trainable_only: bool = False) -> 
 
 def padded_bytes(p: torch.Tensor, world_size: int) -> int:
     """Bytes of the all-gathered tensor: dim 0 padded up to a multiple of the world size."""
-    rows = -(-p.shape[0] // world_size) * world_size if p.dim() else 1
-    return rows * (p.numel() // max(p.shape[0], 1) if p.dim() else 1) * p.element_size()
+    return padded_shape_bytes(tuple(p.shape), p.element_size(), world_size)
+
+
+def padded_shape_bytes(shape: tuple[int, ...] | list[int], element_size: int, world_size: int) -> int:
+    """``padded_bytes`` of a tensor known by its shape and element size (a 0-d one is whole)."""
+    if not shape:
+        return element_size
+    return -(-shape[0] // world_size) * world_size * math.prod(shape[1:]) * element_size
 
 
 def shard_bytes(

@@ -1,14 +1,15 @@
 """A model's sharding arithmetic at every world size, from the shapes a simulated world's
 ranks report (the sharding area's ``model`` metric: each distinct parameter storage's shape
 and element size, and the buffers' bytes): what one rank should hold after setup and what
-its forward should all-gather, for scale.png to draw the measurements against. Pure
-arithmetic: the report is read without importing torch or building a model."""
+its forward should all-gather, for scale.png to draw the measurements against. Arithmetic
+on shapes (``storages.padded_shape_bytes``, as the checks pad): no model is built here."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
+
+from conformance.checks.storages import padded_shape_bytes
 
 SIZES = range(4, 1025)
 
@@ -20,14 +21,6 @@ class Arithmetic:
     gathered: list[int]  # bytes the forward all-gathers: every distinct storage, dim 0 padded
 
 
-def padded_bytes(shape: list[int], element_size: int, world_size: int) -> int:
-    """Bytes of a storage of ``shape`` with dim 0 padded up to a multiple of the world size."""
-    if not shape:
-        return element_size
-    rows = -(-shape[0] // world_size) * world_size
-    return rows * math.prod(shape[1:]) * element_size
-
-
 def arithmetic(model: Any, sizes: range = SIZES) -> Arithmetic | None:
     """The arithmetic of a model as the ranks described it, or None where they did not (a
     report of an older kit)."""
@@ -35,7 +28,7 @@ def arithmetic(model: Any, sizes: range = SIZES) -> Arithmetic | None:
         return None
     storages = [(s["shape"], s["element_size"]) for s in model["storages"]]
     buffers = model.get("buffer bytes", 0)
-    gathered = [sum(padded_bytes(shape, size, n) for shape, size in storages) for n in sizes]
+    gathered = [sum(padded_shape_bytes(shape, size, n) for shape, size in storages) for n in sizes]
     return Arithmetic(
         sizes=list(sizes), held=[g // n + buffers for g, n in zip(gathered, sizes, strict=True)], gathered=gathered
     )
