@@ -23,18 +23,35 @@ from conformance.world import protocol
 from conformance.world.controller import World
 from conformance.world.launch import LaunchSpec
 from fixtures.compositions import COMPOSITIONS
+from fixtures.executors import EXECUTORS
 from fixtures.inits import INITS
 from fixtures.models import MODELS
 from fixtures.offloads import POLICIES
 from tests.suite_runs import ROOT
 
-# what the worlds' probe finds on the kit's pin (test_the_pins_probe below holds it to that)
-PIN_UNSUPPORTED = {"legacy_jit_fsdp": "thunder.distributed.fsdp(nn.Module) raises TypeError: ..."}
+# what the worlds' probe finds on the kit's pin on CPU (test_the_pins_probe below holds it to that)
+PIN_UNSUPPORTED = {
+    "legacy_jit_fsdp": "thunder.distributed.fsdp(nn.Module) raises TypeError: ...",
+    "nvfuser": "nvFuser generates CUDA kernels only; this world's device is cpu",
+    "torchcompile": "torch.compile runs its compiled kernels only where ...",
+}
+# one reported-unsupported cell each
+STAND_INS = 3
 CI = cells("ci", 2, PIN_UNSUPPORTED)
-# the real cells that run (simulated ones have tests/test_scale.py)
-RUNS = [c for c in CI if c.composition not in PIN_UNSUPPORTED and not c.simulated]
+
+
+def runs(selected: list) -> list:
+    """The real cells that run (simulated ones have tests/test_scale.py)."""
+    return [
+        c
+        for c in selected
+        if c.composition not in PIN_UNSUPPORTED and c.executors not in PIN_UNSUPPORTED and not c.simulated
+    ]
+
+
+RUNS = runs(CI)
 NIGHTLY = cells("nightly", 2, PIN_UNSUPPORTED)
-NIGHTLY_RUNS = [c for c in NIGHTLY if c.composition not in PIN_UNSUPPORTED and not c.simulated]
+NIGHTLY_RUNS = runs(NIGHTLY)
 
 
 def test_ci_meets_every_valid_pair_in_a_cell_that_runs() -> None:
@@ -46,7 +63,7 @@ def test_ci_meets_every_valid_pair_in_a_cell_that_runs() -> None:
 
 
 def test_ci_gives_an_unsupported_composition_one_cell_and_its_pairs_to_the_others() -> None:
-    assert len([c for c in CI if not c.simulated]) - len(RUNS) == 1
+    assert len([c for c in CI if not c.simulated]) - len(RUNS) == STAND_INS
     # were every composition offered, the same profile would run it across the array
     every = cells("ci", 2, {})
     assert sum(c.composition == "legacy_jit_fsdp" for c in every) > 1
@@ -121,8 +138,8 @@ def test_nightly_boundary_sizes_get_what_full_gives_them_and_everything_ci_picke
         assert {"zero3"} <= {c.sharding for c in at_n}
         assert {"real_broadcast_first", "real_broadcast_last", "meta_transformed_sd"} <= {c.init for c in at_n}
         assert {INITS[c.init].source(n) for c in at_n if INITS[c.init].broadcast} == {0, n - 1}
-    # the unsupported composition keeps its one cell, as in ci
-    assert len([c for c in NIGHTLY if not c.simulated]) - len(NIGHTLY_RUNS) == 1
+    # the unsupported composition and executors keep their one cell each, as in ci
+    assert len([c for c in NIGHTLY if not c.simulated]) - len(NIGHTLY_RUNS) == STAND_INS
     # a session whose own size is a boundary one covers it with triples, not twice
     at_3 = cells("nightly", 3, PIN_UNSUPPORTED)
     assert {c.world_size for c in at_3 if not c.simulated} == {3, *(set(BOUNDARY_WORLD_SIZES) - {3})}
@@ -133,7 +150,7 @@ def test_nightly_is_the_same_in_every_process_and_its_size_is_the_readmes() -> N
     # Python's salted hash
     code = (
         "from conformance.matrix.profiles import cells; "
-        "print('\\n'.join(c.id for c in cells('nightly', 2, {'legacy_jit_fsdp': 'x'})))"
+        f"print('\\n'.join(c.id for c in cells('nightly', 2, {PIN_UNSUPPORTED!r})))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
@@ -151,12 +168,14 @@ def test_the_pins_probe(tmp_path) -> None:
         world.close()
     assert outcome.ok, outcome.describe()
     offloading = {p for p, policy in POLICIES.items() if policy is not None}
+    probed_executors = {e for e, choice in EXECUTORS.items() if choice.probe is not None}
     for answer in outcome.values:
-        assert set(answer) == set(COMPOSITIONS) | offloading
-        assert answer["legacy_jit_fsdp"].startswith("thunder.distributed.fsdp(nn.Module) raises TypeError")
+        assert set(answer) == set(COMPOSITIONS) | offloading | probed_executors
+        for name, reason in PIN_UNSUPPORTED.items():
+            assert answer[name].startswith(reason.removesuffix("..."))
         # everything else runs on the pin, every offload policy included
-        assert {n: r for n, r in answer.items() if n != "legacy_jit_fsdp"} == dict.fromkeys(
-            (set(COMPOSITIONS) | offloading) - {"legacy_jit_fsdp"}
+        assert {n: r for n, r in answer.items() if n not in PIN_UNSUPPORTED} == dict.fromkeys(
+            (set(COMPOSITIONS) | offloading | probed_executors) - set(PIN_UNSUPPORTED)
         )
 
 
@@ -175,3 +194,16 @@ def test_an_unsupported_offload_keeps_one_cell_per_policy_and_the_rest_run_witho
 def test_probed_value_names_never_collide_across_axes() -> None:
     # the probe answers one flat mapping of value names (conformance/matrix/profiles.py)
     assert not set(COMPOSITIONS) & set(POLICIES)
+    assert not (set(COMPOSITIONS) | set(POLICIES)) & set(EXECUTORS)
+
+
+def test_an_executor_the_environment_offers_runs_across_the_array() -> None:
+    # a GPU host with nvFuser installed (and torch.compile usable): every executor runs, and
+    # every pair of values meets with each
+    gpu_host = {"legacy_jit_fsdp": PIN_UNSUPPORTED["legacy_jit_fsdp"]}
+    selected = [c for c in cells("ci", 2, gpu_host) if c.composition not in gpu_host and not c.simulated]
+    assert unmet_pairs(selected, 2, gpu_host) == []
+    assert {c.executors for c in selected} == set(EXECUTORS)
+    # on the CPU pin the two that need CUDA keep one cell each, reporting why
+    stand_ins = [c for c in CI if c.executors in PIN_UNSUPPORTED]
+    assert sorted(c.executors for c in stand_ins) == ["nvfuser", "torchcompile"]

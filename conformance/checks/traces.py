@@ -43,12 +43,20 @@ def _symbol_kinds() -> dict[Any, str]:
 
 
 def collective_symbols(trace: Any) -> dict[str, list[Any]]:
-    """Top-level bound symbols of ``trace`` by collective kind (their sub-symbols would
-    count one collective twice)."""
+    """The collectives ``trace`` executes, by kind: its top-level bound symbols, and those
+    inside fusion regions (an executor such as torch.compile's may fuse a collective into a
+    region, where it still runs). A collective's own sub-symbols are never read: they would
+    count one collective twice."""
     found: dict[str, list[Any]] = {k: [] for k in KINDS}
     kinds = _symbol_kinds()
-    for bsym in trace.bound_symbols:
-        kind = kinds.get(bsym.sym.id)
-        if kind is not None:
-            found[kind].append(bsym)
+
+    def visit(bsyms: Any) -> None:
+        for bsym in bsyms:
+            kind = kinds.get(bsym.sym.id)
+            if kind is not None:
+                found[kind].append(bsym)
+            elif getattr(bsym.sym, "is_fusion", False):
+                visit(bsym.subsymbols)
+
+    visit(trace.bound_symbols)
     return found

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from typing import Any
 
-# Axis order is the order of the id's parts.
-AXES = ("model", "init", "composition", "tie", "offload", "sharding", "bucketing", "dtype", "world_size")
+# Axis order is the order of the id's parts. ``executors`` appears in an id only where it is
+# not Thunder's default list, so the ids of cells that existed before the axis did not change
+# (baselines and history compare by id).
+AXES = ("model", "init", "composition", "tie", "offload", "sharding", "bucketing", "dtype", "executors", "world_size")
+DEFAULT_EXECUTORS = "default"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,6 +23,7 @@ class Cell:
     sharding: str = "zero2"
     bucketing: str = "none"
     dtype: str = "float32"
+    executors: str = DEFAULT_EXECUTORS
     world_size: int = 2
     spec: str | None = None  # JSON structure of a generated model (fixtures/strategies.py)
     # a world of ``world_size`` ranks acted out under torch's fake process group, a few
@@ -29,6 +34,8 @@ class Cell:
     def id(self) -> str:
         parts = [str(getattr(self, axis)) for axis in AXES]
         parts[-1] = f"ws{self.world_size}" + ("sim" if self.simulated else "")
+        if self.executors == DEFAULT_EXECUTORS:
+            parts.remove(DEFAULT_EXECUTORS)
         if self.spec is not None:
             parts.append(hashlib.sha1(self.spec.encode()).hexdigest()[:8])
         return "-".join(parts)
@@ -40,7 +47,17 @@ class Cell:
             del out["spec"]
         if not self.simulated:
             del out["simulated"]
+        if self.executors == DEFAULT_EXECUTORS:
+            del out["executors"]
         return out
 
     def __str__(self) -> str:
         return self.id
+
+
+def axis_value(axes: dict[str, Any], axis: str) -> Any:
+    """``axis`` of a cell given as ``Cell.axes()`` wrote it: an axis left out (one at its
+    default, or one a report older than the axis never wrote) has its default value."""
+    if axis in axes:
+        return axes[axis]
+    return {f.name: f.default for f in dataclasses.fields(Cell)}[axis]

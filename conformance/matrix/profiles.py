@@ -4,7 +4,8 @@ one cell per kind of check.
 
 The covering array is built over the compositions that the Thunder under test offers (the
 worlds probe them first): a pair of values that met only in a cell reported unsupported
-would never run. Each unsupported composition or offload policy keeps one cell, which reports why. Cells at
+would never run. Each unsupported composition, offload policy or executor keeps one cell, which
+reports why. Cells at
 the boundary world sizes (3 and 4: first dimensions that do not divide, the last rank named
 by an option) join ci by hand, and nightly and full as a pairwise covering array of their own.
 """
@@ -20,6 +21,7 @@ from typing import Any
 from conformance.matrix import simulated
 from conformance.matrix.cells import AXES, Cell
 from fixtures.compositions import COMPOSITIONS
+from fixtures.executors import EXECUTORS
 from fixtures.inits import INITS
 from fixtures.models import MODELS, fixture_for
 from fixtures.offloads import POLICIES
@@ -46,7 +48,7 @@ def valid(row: dict[str, Any]) -> bool:
 # The axes whose values the worlds probe (the Thunder under test may lack what a value needs).
 # ``unsupported`` maps a value of one of them to why: their names never collide (a kit test
 # holds them apart), so one flat mapping names them all.
-PROBED_AXES = ("composition", "offload")
+PROBED_AXES = ("composition", "offload", "executors")
 
 
 def axis_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
@@ -60,6 +62,7 @@ def axis_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str,
         "sharding": list(SHARDINGS),
         "bucketing": list(BUCKETINGS),
         "dtype": list(DTYPES),
+        "executors": [e for e in EXECUTORS if e not in unsupported],
         "world_size": [world_size],
     }
 
@@ -194,7 +197,7 @@ def _runnable(cell: Cell, unsupported: Collection[str]) -> Cell | None:
 
 def cells(profile: str, world_size: int, unsupported: Mapping[str, str]) -> list[Cell]:
     """The profile's cells at the session's world size (and the boundary sizes).
-    ``unsupported``: a value of a probed axis (a composition, an offload policy) -> why the
+    ``unsupported``: a value of a probed axis (a composition, an offload policy, an executor) -> why the
     Thunder under test does not offer it, as the worlds' probe found."""
     if profile == "smoke":
         return list(dict.fromkeys(_smoke(world_size)))

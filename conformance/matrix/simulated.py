@@ -53,6 +53,9 @@ def axis_values(unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
         "sharding": ["zero2", "zero3"],
         "bucketing": ["none", "layer", "block"],
         "dtype": ["float32"],
+        # what a simulated world checks (shards, the collectives traced) is the FSDP
+        # transform's, whichever executor then runs the trace
+        "executors": ["default"],
         "world_size": list(WORLD_SIZES),
     }
 

@@ -21,6 +21,7 @@ from conformance.rank import measure
 from conformance.rank.gather import clones, shard, snapshot
 from fixtures import inits, patterns
 from fixtures.compositions import COMPOSITIONS, Composition
+from fixtures.executors import EXECUTORS
 from fixtures.models import ModelFixture, fixture_for
 from fixtures.offloads import POLICIES
 from fixtures.options import BUCKETINGS, DTYPES, SHARDINGS
@@ -62,10 +63,13 @@ class Recipe:
 
 
 def recipe(cell: Cell, device: torch.device) -> Recipe:
-    """The cell's parts; raises Unsupported where a probe (the composition's, offloading's)
-    refuses it."""
+    """The cell's parts; raises Unsupported where a probe (the composition's, offloading's,
+    the executor's) refuses it."""
     composition = COMPOSITIONS[cell.composition]
     if composition.probe is not None and (reason := composition.probe(device)):
+        raise Unsupported(reason)
+    executors = EXECUTORS[cell.executors]
+    if executors.probe is not None and (reason := executors.probe(device)):
         raise Unsupported(reason)
     if POLICIES[cell.offload] is not None:
         from transforms import offload  # Thunder's import, as below
@@ -133,7 +137,12 @@ def compose(recipe: Recipe, reference: Reference) -> Composed:
         torch.manual_seed(SEED + (rank if recipe.init.broadcast else 0))
         model = inits.build(recipe.init, recipe.make, recipe.device, recipe.dtype)
         tm = recipe.composition.build(
-            model, recipe.device, materialization_init, options, cell_transforms(recipe.cell, recipe.device)
+            model,
+            recipe.device,
+            materialization_init,
+            options,
+            cell_transforms(recipe.cell, recipe.device),
+            EXECUTORS[recipe.cell.executors].jit_options(),
         )
         if recipe.plan.load_after == "original":
             tm.load_original_state_dict(state)

@@ -206,9 +206,11 @@ def _census(device: torch.device, exclude: set[int]) -> Census:
             if not isinstance(obj, torch.Tensor) or obj.device != device or obj.is_meta:
                 continue
             storage = obj.untyped_storage()
+            # a fake or functional tensor that torch.compile left in its caches holds no
+            # memory and refuses to name a data pointer
+            ptr = storage.data_ptr()
         except Exception:
             continue
-        ptr = storage.data_ptr()
         if ptr and ptr not in exclude:
             # on CUDA each storage rounded to its allocator block rather than the allocator
             # read: so the census still leaves out the kit's own tensors and 0-d storages,

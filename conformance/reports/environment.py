@@ -43,6 +43,16 @@ def thunder_source() -> dict[str, Any]:
     return source
 
 
+def nvfuser() -> str | None:
+    """The installed nvFuser wheel, as ``name==version`` (its name carries the CUDA and torch
+    it was built for: nvfuser-cu130-torch210), or None."""
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"] or ""
+        if name.lower().replace("_", "-").startswith("nvfuser"):
+            return f"{name}=={dist.version}"
+    return None
+
+
 def describe(session: SessionInfo) -> dict[str, Any]:
     return {
         "python": platform.python_version(),
@@ -52,6 +62,9 @@ def describe(session: SessionInfo) -> dict[str, Any]:
         "thunder": version(THUNDER_DIST),
         "thunder_source": thunder_source(),
         "litgpt": version("litgpt"),
+        # Thunder's default executors include nvFuser where it imports: the executors axis's
+        # ``default`` cells then run it (its ``nvfuser`` cells say whether it was usable)
+        "nvfuser": nvfuser(),
         "backend": session.backend,
         "requested_backend": session.requested_backend,
         "world_size": session.nproc,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from conformance.matrix.cells import AXES
+from conformance.matrix.cells import AXES, axis_value
 from conformance.reports import simulated
 from conformance.reports.outcomes import MARKS
 
@@ -25,8 +25,9 @@ def summary(
         row[c["area"]] = c["outcome"]
         if c["area"] not in areas:
             areas.append(c["area"])
-    varying = [a for a in AXES if len({str(r["axes"][a]) for r in by_cell.values()}) > 1]
-    fixed = {a: next(iter(by_cell.values()))["axes"][a] for a in AXES if a not in varying} if by_cell else {}
+    varying = [a for a in AXES if len({str(axis_value(r["axes"], a)) for r in by_cell.values()}) > 1]
+    first = next(iter(by_cell.values()))["axes"] if by_cell else {}
+    fixed = {a: axis_value(first, a) for a in AXES if a not in varying} if by_cell else {}
     counts = ", ".join(f"{n} {k}" for k, n in sorted(report["counts"].items()))
     src = env["thunder_source"]
     lines = [
@@ -45,7 +46,7 @@ def summary(
         lines.append("|" + "---|" * (len(varying) + len(areas)))
         for row in by_cell.values():
             marks = [MARKS.get(row.get(a, ""), "–") for a in areas]
-            lines.append("| " + " | ".join([*(str(row["axes"][a]) for a in varying), *marks]) + " |")
+            lines.append("| " + " | ".join([*(str(axis_value(row["axes"], a)) for a in varying), *marks]) + " |")
         lines.append("")
     lines += [f"Profile **{report['profile']}**; cells that ran (not unsupported) per axis value:", ""]
     lines += [
