@@ -14,6 +14,34 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def probed_on_this_machine() -> dict[str, str]:
+    """The values the pin's probe refuses on a machine without a GPU, as the front end's
+    ``unsupported`` mapping: compositions and executors that carry a probe (the legacy
+    composition, removed from Thunder; nvFuser and torch.compile, which need CUDA)."""
+    from fixtures.compositions import COMPOSITIONS
+    from fixtures.executors import EXECUTORS
+
+    probed = [n for n, c in COMPOSITIONS.items() if c.probe is not None]
+    probed += [n for n, e in EXECUTORS.items() if e.probe is not None]
+    return dict.fromkeys(probed, "probed")
+
+
+def unsupported_values(report: dict[str, Any]) -> dict[str, str]:
+    """Probed value -> reason, as the cells a run reported unsupported say (one value each)."""
+    from conformance.matrix.cells import axis_value
+    from conformance.matrix.profiles import PROBED_AXES
+
+    probed = probed_on_this_machine()
+    out = {}
+    for c in report["cells"]:
+        if c["outcome"] == "unsupported":
+            for axis in PROBED_AXES:
+                value = axis_value(c["axes"], axis)
+                if value in probed or (axis == "offload" and value != "none"):
+                    out[value] = c["message"]
+    return out
+
+
 @dataclasses.dataclass
 class SuiteRun:
     returncode: int

@@ -14,7 +14,7 @@ from conformance.matrix.cells import AXES
 from conformance.matrix.profiles import BOUNDARY_WORLD_SIZES, axis_values, cells, unmet_pairs
 from conformance.matrix.simulated import sampled_ranks
 from fixtures.offloads import POLICIES
-from tests.suite_runs import ROOT, SuiteRun, run_suite
+from tests.suite_runs import ROOT, SuiteRun, run_suite, unsupported_values
 
 pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 
@@ -25,13 +25,14 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
 
 
 def unsupported(run: SuiteRun) -> dict[str, str]:
-    """Composition -> reason, as the cells reported unsupported say (the worlds' probe)."""
-    return {c["axes"]["composition"]: c["message"] for c in run.report["cells"] if c["outcome"] == "unsupported"}
+    """Probed value -> reason, as the cells reported unsupported say (the worlds' probe)."""
+    return unsupported_values(run.report)
 
 
 def test_every_cell_conforms_or_is_a_recorded_exception(suite: SuiteRun) -> None:
     assert suite.returncode == 0, suite.output
-    assert set(unsupported(suite)) == {"legacy_jit_fsdp"}  # removed from Thunder 0.2.1 on
+    # the legacy composition was removed from Thunder 0.2.1 on; nvFuser and torch.compile need CUDA
+    assert set(unsupported(suite)) == {"legacy_jit_fsdp", "nvfuser", "torchcompile"}
     selected = cells("ci", 2, unsupported(suite))
     for area in AREAS:
         outcomes = suite.outcomes(area)
@@ -39,7 +40,7 @@ def test_every_cell_conforms_or_is_a_recorded_exception(suite: SuiteRun) -> None
         for cell in selected:
             if not applies(cell, area):
                 continue
-            if cell.composition == "legacy_jit_fsdp":  # removed from Thunder 0.2.1 on
+            if {cell.composition, cell.executors} & set(unsupported(suite)):
                 assert outcomes[cell.id] == "unsupported"
             else:
                 assert outcomes[cell.id] in ("passed", "xfailed"), (cell.id, area)
@@ -53,14 +54,18 @@ def test_report_covers_every_axis_value_and_pair_that_runs(suite: SuiteRun) -> N
     coverage = suite.report["coverage"]
     for axis, values in axis_values(2).items():
         assert set(coverage[axis]) >= set(map(str, values)), axis
-        assert all(n > 0 for v, n in coverage[axis].items() if v != "legacy_jit_fsdp"), axis
+        assert all(n > 0 for v, n in coverage[axis].items() if v not in unsupported(suite)), axis
     assert coverage["composition"]["legacy_jit_fsdp"] == 0  # its one cell is unsupported: it ran nothing
     simulated_sizes = {str(c.world_size) for c in cells("ci", 2, unsupported(suite)) if c.simulated}
     assert simulated_sizes and set(coverage["world_size"]) == {"2", *map(str, BOUNDARY_WORLD_SIZES), *simulated_sizes}
-    # the only pairs that met in no cell that ran are those of the unsupported composition
+    # the only pairs that met in no cell that ran are those of the unsupported values
     assert suite.report["unmet_pairs"]
-    assert all(p.get("composition") == "legacy_jit_fsdp" for p in suite.report["unmet_pairs"])
-    ran = [c for c in cells("ci", 2, unsupported(suite)) if c.composition not in unsupported(suite)]
+    assert all(set(p.values()) & set(unsupported(suite)) for p in suite.report["unmet_pairs"])
+    ran = [
+        c
+        for c in cells("ci", 2, unsupported(suite))
+        if c.composition not in unsupported(suite) and c.executors not in unsupported(suite)
+    ]
     assert suite.report["unmet_pairs"] == unmet_pairs(ran, 2)
     assert "composition=legacy_jit_fsdp ran in no cell" in suite.summary
 
@@ -109,7 +114,8 @@ def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
         if cell["axes"].get("simulated"):  # its sampled ranks and metrics: tests/test_scale.py
             assert [r["rank"] for r in cell["ranks"]] == list(sampled_ranks(cell["axes"]["world_size"]))
             continue
-        assert set(cell["axes"]) == set(AXES)
+        # an axis at its default (executors) is left out of the axes written
+        assert set(AXES) - {"executors"} <= set(cell["axes"]) <= set(AXES)
         assert [r["rank"] for r in cell["ranks"]] == list(range(cell["axes"]["world_size"]))
         metrics = cell["metrics"]
         if cell["outcome"] != "passed":

@@ -18,7 +18,7 @@ from conformance.matrix.cells import Cell
 from conformance.matrix.plan import expects_reset_error
 from fixtures.inits import INITS
 from tests.plant_plugin import ENV
-from tests.suite_runs import run_suite
+from tests.suite_runs import probed_on_this_machine, run_suite
 
 pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 
@@ -114,11 +114,10 @@ def _selection(bug: str) -> list[str]:
     if bug not in ON_CI:
         return ["--profile", "smoke", "-k", "not generated"]
     from conformance.matrix.profiles import cells
-    from fixtures.compositions import COMPOSITIONS
 
-    # on the pin, the probed compositions are the unsupported ones; small models first
-    probed = {name: "probed" for name, c in COMPOSITIONS.items() if c.probe is not None}
-    running = [c for c in cells("ci", 2, probed) if c.composition not in probed]
+    # on the pin, the probed compositions and executors are the unsupported ones; small models first
+    probed = probed_on_this_machine()
+    running = [c for c in cells("ci", 2, probed) if c.composition not in probed and c.executors not in probed]
     running.sort(key=lambda c: c.model.startswith("litgpt"))
     chosen = [next(c for c in running if wanted(c)).id for wanted in ON_CI[bug]]
     return ["--profile", "ci", "-k", " or ".join(chosen)]

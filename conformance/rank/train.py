@@ -23,16 +23,9 @@ from conformance.checks.storages import distinct_storages
 from conformance.rank.build import SEED, Recipe, Reference
 from conformance.rank.gather import gather, snapshot
 from conformance.rank.measure import Ledger, measure
+from fixtures.optimizers import OPTIMIZERS
 
-STEPS = 3  # per optimizer: SGD, then AdamW
-# Small steps: trajectories that jump far amplify rounding differences chaotically and would
-# turn any tolerance into a guess.
-OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
-    "SGD": lambda params: torch.optim.SGD(params, lr=0.1),
-    # eps above the rounding noise of parameters whose true gradient is zero (an attention
-    # key bias): Adam would normalize that noise into full-size steps
-    "AdamW": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1, eps=1e-6),
-}
+STEPS = 3  # per optimizer (fixtures/optimizers.py): SGD, then AdamW
 
 
 @dataclasses.dataclass
@@ -164,8 +157,8 @@ def train(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) 
     lockstep = _Lockstep(recipe, reference, tm, golden, rank, world)
     training = lockstep.training
     step = 0
-    for opt_name, make_opt in OPTIMIZERS.items():
-        optimizers = lockstep.optimizers(make_opt)
+    for opt_name, optimizer in OPTIMIZERS.items():
+        optimizers = lockstep.optimizers(optimizer.make)
         for _ in range(STEPS):
             began = time.perf_counter()
             lockstep.step(step, opt_name, optimizers)
