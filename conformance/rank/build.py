@@ -20,7 +20,7 @@ from conformance.matrix.plan import SetupPlan, StateDictKind, plan
 from conformance.rank import measure
 from conformance.rank.gather import clones, shard, snapshot
 from fixtures import inits, patterns
-from fixtures.compositions import COMPOSITIONS, Composition
+from fixtures.compositions import COMPOSITIONS, Composition, Setup
 from fixtures.executors import EXECUTORS
 from fixtures.models import ModelFixture, fixture_for
 from fixtures.offloads import POLICIES
@@ -136,14 +136,14 @@ def compose(recipe: Recipe, reference: Reference) -> Composed:
     with measure.measure(recipe.device) as setup:
         torch.manual_seed(SEED + (rank if recipe.init.broadcast else 0))
         model = inits.build(recipe.init, recipe.make, recipe.device, recipe.dtype)
-        tm = recipe.composition.build(
-            model,
+        how = Setup(
             recipe.device,
             materialization_init,
             options,
             cell_transforms(recipe.cell, recipe.device),
             EXECUTORS[recipe.cell.executors].jit_options(),
         )
+        tm = recipe.composition.build(model, how)
         if recipe.plan.load_after == "original":
             tm.load_original_state_dict(state)
         elif recipe.plan.load_after == "transformed":
