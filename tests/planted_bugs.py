@@ -590,6 +590,26 @@ def collective_order_by_rank() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def frozen_parameters_trained() -> Iterator[None]:
+    """Sharding forgets ``requires_grad=False`` before Thunder traces (as if each new
+    ``nn.Parameter`` were built without passing the flag on, at a point the trace then sees):
+    a frozen base gets gradients, reduce-scatters and optimizer steps. (Flipping the flag only
+    after tracing is refused by Thunder's own prologue at the first call instead.)"""
+    from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
+
+    original = FSDPTransform.transform_module
+
+    def transform_module(self: Any, model: Any) -> Any:
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return original(self, model)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FSDPTransform, "transform_module", transform_module)
+        yield
+
+
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     f.__name__: f
     for f in (
@@ -621,6 +641,7 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         padding_when_divisible,
         offset_off_past_first_rank,
         collective_order_by_rank,
+        frozen_parameters_trained,
     )
 }
 

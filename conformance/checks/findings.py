@@ -67,6 +67,8 @@ class Findings:
             if act is not None and act.shape == exp.shape:
                 err = (act.double() - exp.double()).abs().max().item() if exp.numel() else 0.0
                 worst = max(worst, err if err == err else float("inf"))  # NaN counts as the worst
+        # a name eager has no value for (a frozen parameter's gradient) must have none here
+        self.failures += [f"{what} [{name}]: present where eager has none" for name in actual if name not in expected]
         self.metrics[f"{what} max_abs_err"] = worst
         return len(self.failures) == failures
 

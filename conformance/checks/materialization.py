@@ -1,7 +1,8 @@
 """Materialization: after setup every tensor is real, on the rank's device, with the values
 the init mode promises.
 
-State-dict and real inits must reproduce the seeded reference bit for bit. Module init draws
+Every parameter keeps eager's ``requires_grad`` (a frozen base stays frozen). State-dict and
+real inits must reproduce the seeded reference bit for bit. Module init draws
 fresh values, so those are held to what each parameter's module draws in eager PyTorch
 (``conformance/checks/draws.py``, every expectation derived from a fresh eager model): every
 value within the bounds of its distribution (uniform: [lo, hi]; normal: mean ± 6.5·std;
@@ -36,6 +37,18 @@ def check(run: CellRecord) -> Findings:
     else:
         _like_module_init(run, found)
     found.close("buffers", setup.buffers, setup.reference_buffers, rtol=0.0, atol=0.0)
+    with found.expect("trainable parameters"):
+        # a frozen parameter must stay frozen (and a trainable one trainable) through sharding
+        # and materialization: eager's requires_grad, name by name
+        wrong = {}
+        for name, p in run.reference.named_parameters():
+            try:
+                ours = run.thunder_module.get_parameter(name).requires_grad
+            except AttributeError:
+                ours = "missing"
+            if ours != p.requires_grad:
+                wrong[name] = f"{ours} (eager: {p.requires_grad})"
+        assert not wrong, f"requires_grad differs from eager's: {wrong}"
     return found
 
 

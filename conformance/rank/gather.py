@@ -33,15 +33,32 @@ def unshard(piece: torch.Tensor, full_shape: torch.Size) -> torch.Tensor:
 
 
 def gather(tm: Any, shapes: dict[str, torch.Size], grads: bool = False) -> dict[str, torch.Tensor]:
-    """Full parameters (or their gradients) of the Thunder module, by name."""
+    """Full parameters (or their gradients) of the Thunder module, by name. A gradient that
+    no rank has (a frozen parameter's) is left out, as eager leaves it None; one that only
+    some ranks have is gathered with NaN on the others, so the ranks issue the same
+    collectives either way (one all-reduce first says which)."""
+    params = {name: tm.get_parameter(name) for name in shapes}
+    present = set(shapes)
+    if grads:
+        have = torch.tensor([p.grad is not None for p in params.values()], dtype=torch.int32, device=_device(params))
+        dist.all_reduce(have)
+        present = {name for name, n in zip(params, have.tolist(), strict=True) if n}
     out = {}
     for name, shape in shapes.items():
-        p = tm.get_parameter(name)
+        if name not in present:
+            continue
+        p = params[name]
         t = p.grad if grads else p
-        if t is None:  # kept symmetric across ranks: a missing gradient compares as NaN
+        if t is None:
             t = torch.full_like(p, float("nan"))
         out[name] = unshard(t, shape)
     return out
+
+
+def _device(params: dict[str, torch.Tensor]) -> torch.device:
+    """Where the ranks' collectives run: the parameters' device (gloo takes CPU tensors, nccl
+    CUDA ones)."""
+    return next(iter(params.values())).device if params else torch.device("cpu")
 
 
 def snapshot(module: nn.Module, grads: bool = False) -> dict[str, torch.Tensor]:
