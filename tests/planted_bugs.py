@@ -610,6 +610,26 @@ def frozen_parameters_trained() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def no_grad_ignored() -> Iterator[None]:
+    """The Thunder module ignores an enclosing ``torch.no_grad``: it runs (and caches) the
+    training computation for inference, whose result then asks for a gradient."""
+    import torch
+    from thunder.core.module import ThunderModule
+
+    original = ThunderModule.forward
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled():
+            return original(self, *args, **kwargs)
+        with torch.enable_grad():
+            return original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ThunderModule, "forward", forward)
+        yield
+
+
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     f.__name__: f
     for f in (
@@ -642,6 +662,7 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         offset_off_past_first_rank,
         collective_order_by_rank,
         frozen_parameters_trained,
+        no_grad_ignored,
     )
 }
 

@@ -108,6 +108,8 @@ EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
         "state_dict": (NONE, FROZEN, ""),
         "offload": (NONE, FROZEN_JIT_FSDP, ""),
     },
+    # inference after training: the result of a forward under no_grad asks for a gradient
+    "no_grad_ignored": {"numerics": (ALL, NONE, "output under no_grad needs no gradient")},
 }
 
 # bug -> the ci cells it runs on instead of the smoke profile: the first ones that take its

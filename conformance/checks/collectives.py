@@ -27,7 +27,7 @@ from conformance.checks.area import Area
 from conformance.checks.findings import Findings
 from conformance.checks.record import CellRecord, SimulatedRecord
 from conformance.checks.storages import distinct_storages, padded_bytes
-from conformance.checks.traces import KINDS, collective_symbols, final_traces
+from conformance.checks.traces import KINDS, collective_symbols
 from transforms.policies import proxy_bytes
 
 
@@ -111,7 +111,7 @@ def _described(bsym: Any) -> str:
 def check(run: CellRecord | SimulatedRecord) -> Findings:
     found = Findings()
     cell = run.cell
-    traces = final_traces(run.thunder_module).by_phase()
+    traces = run.traces.by_phase()
     symbols = {phase: collective_symbols(t) for phase, t in traces.items()}
     issued = sequence(traces, symbols)
     found.metrics[SEQUENCE] = issued
@@ -129,13 +129,33 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
         twice = sorted(name for name, n in gathered.items() if n > 1)
         with found.expect(f"{phase} gathers each storage once"):
             assert not twice, f"gathered more than once: {twice}"
-    forward_gathers = symbols["forward"]["all_gather"]
-    found.equal(
-        "forward all-gathered bytes",
-        sum(proxy_bytes(b.flat_proxy_outs[0]) for b in forward_gathers),
-        sum(padded_bytes(p, run.cell.world_size) for p in distinct_storages(run.reference).values()),
-    )
+    gathered_bytes = sum(padded_bytes(p, run.cell.world_size) for p in distinct_storages(run.reference).values())
+    forward_bytes = sum(proxy_bytes(b.flat_proxy_outs[0]) for b in symbols["forward"]["all_gather"])
+    found.equal("forward all-gathered bytes", forward_bytes, gathered_bytes)
+    inference = getattr(run, "inference", None)
+    if inference is not None:
+        _no_grad(found, collective_symbols(inference.trace), expected, alternatives, gathered_bytes)
     return found
+
+
+def _no_grad(
+    found: Findings,
+    found_in: dict[str, list[Any]],
+    expected: dict[str, dict[str, int]],
+    alternatives: list[tuple[str, dict]],
+    gathered_bytes: int,
+) -> None:
+    """The forward Thunder compiles under torch.no_grad: every gather of the training forward
+    (counts and bytes as there), and nothing reduced: there is no gradient."""
+    for kind in KINDS:
+        what, got = f"no_grad forward {kind}s", len(found_in[kind])
+        want = expected["forward"][kind] if kind == "all_gather" else 0
+        named = named_alternative(alternatives, "forward", kind, got) if kind == "all_gather" else None
+        found.metrics[what] = {"expected": want, "actual": got}
+        with found.expect(what):
+            assert got == want, f"expected {want}, got {got}" + (f" ({named})" if named else "")
+    got_bytes = sum(proxy_bytes(b.flat_proxy_outs[0]) for b in found_in["all_gather"])
+    found.equal("no_grad forward all-gathered bytes", got_bytes, gathered_bytes)
 
 
 AREA = Area("collectives", check, simulated=check)

@@ -68,7 +68,6 @@ from conformance.checks.storages import (
     shard_bytes,
     tied_duplicates,
 )
-from conformance.checks.traces import final_traces
 from conformance.matrix.plan import plan
 
 MATERIALIZATION_COPIES = 3
@@ -205,7 +204,7 @@ def check(run: CellRecord) -> Findings:
     )
     forward = model.unsharded + ACTIVATION_FACTOR * activations + copies + _late_release(run)
     backward = forward + eager.get("float32 backward", eager["backward"])
-    traces = final_traces(run.thunder_module).by_phase()
+    traces = run.traces.by_phase()
     for phase, bound in (("forward", forward), ("backward", backward)):
         trace = traces.get(phase)
         diagnostic = estimated_peak(trace, run.device) if trace is not None else None

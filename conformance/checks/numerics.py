@@ -33,7 +33,7 @@ import torch
 
 from conformance.checks.area import Area
 from conformance.checks.findings import Findings
-from conformance.checks.record import CellRecord, ParametersAfter, StepRecord
+from conformance.checks.record import CellRecord, InferenceRecord, ParametersAfter, StepRecord
 from conformance.checks.storages import tie_groups
 from fixtures.optimizers import OPTIMIZERS, Optimizer
 
@@ -85,12 +85,31 @@ def check(run: CellRecord) -> Findings:
             failed.add("update")
         before = step.after
 
+    if run.inference is not None:
+        _no_grad(found, run.inference, run.dtype)
+
     # Tied names must resolve to one parameter: one shard, one gradient, one update.
     for group in tie_groups(run.reference):
         with found.expect(f"tied parameters {group}"):
             distinct = {id(run.thunder_module.get_parameter(n)) for n in group}
             assert len(distinct) == 1, f"the Thunder module holds {len(distinct)} distinct tensors for one tied weight"
     return found
+
+
+def _no_grad(found: Findings, inference: InferenceRecord, dtype: torch.dtype) -> None:
+    """The forward under torch.no_grad after training, against eager PyTorch holding the
+    Thunder module's own weights: the same tolerances as any output (below float32, from
+    that eager model's float32 twin), and a result that needs no gradient."""
+    with found.expect("output under no_grad needs no gradient"):
+        assert not inference.requires_grad, "it requires grad: Thunder recorded the computation for a backward"
+    what = "output under no_grad"
+    actual, expected = {"output": inference.output}, {"output": inference.reference_output}
+    if dtype == torch.float32:
+        found.close(what, actual, expected, **FLOAT32)
+        return
+    golden = _output(inference.golden_output)
+    found.close(what, actual, expected, eager_error(expected, golden, dtype), rtol=torch.finfo(dtype).eps, atol=0.0)
+    _as_whole(found, what, actual, expected, golden or {}, dtype)
 
 
 def _output(golden: torch.Tensor | None) -> Tensors | None:

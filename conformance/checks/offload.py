@@ -26,7 +26,6 @@ from conformance.checks.findings import Findings
 from conformance.checks.margins import SLACK_BYTES
 from conformance.checks.record import CellRecord
 from conformance.checks.storages import allocated_bytes
-from conformance.checks.traces import final_traces
 from fixtures.offloads import POLICIES
 
 SHOWN = 5  # names listed in a failure
@@ -65,7 +64,7 @@ def check(run: CellRecord) -> Findings:
 
     found = Findings()
     policy = POLICIES[run.cell.offload]
-    traces = final_traces(run.thunder_module)
+    traces = run.traces
     forward, backward = traces.forward, traces.backward
     autograd_saved = run.memory.saved
     offloads = {b.output.name: (i, b) for i, b in enumerate(forward.bound_symbols) if b.sym.id == offload.id}

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from conformance.checks.traces import FinalTraces
 from conformance.matrix.cells import Cell
 from fixtures import inits
 
@@ -103,6 +104,17 @@ class SimulatedMemory:
 
 
 @dataclasses.dataclass
+class InferenceRecord:
+    """One forward under ``torch.no_grad`` after training (conformance/rank/infer.py)."""
+
+    output: torch.Tensor  # this rank's output from the Thunder module
+    requires_grad: bool  # whether that output asked for a gradient (it must not)
+    reference_output: torch.Tensor  # eager PyTorch holding the Thunder module's weights
+    golden_output: torch.Tensor | None  # its float32 twin (low-precision cells)
+    trace: Any  # the computation trace Thunder ran for the call
+
+
+@dataclasses.dataclass
 class SimulatedRecord:
     """One sampled rank of a simulated world (torch's fake process group: collectives return
     at once and move nothing). The model was built on the meta device with its weights in
@@ -112,9 +124,10 @@ class SimulatedRecord:
     cell: Cell
     rank: int  # the rank this process acted as
     reference: nn.Module  # the model on the meta device: shapes and ties, no values
-    thunder_module: Any  # live: its shards and its final traces (one forward and backward ran)
+    thunder_module: Any  # live: its shards (one forward and backward ran)
     memory: SimulatedMemory
     timings: dict[str, float]
+    traces: FinalTraces | None = None  # Thunder's forward and backward traces of that step
 
     @property
     def init(self) -> inits.InitMode:
@@ -135,12 +148,14 @@ class CellRecord:
     dtype: torch.dtype
     backend: str
     reference: nn.Module  # eager single-process model, stepped alongside
-    thunder_module: Any  # live, for its final traces
+    thunder_module: Any  # live, for its shards
+    traces: FinalTraces  # Thunder's forward and backward traces of the training steps
     setup: SetupRecord
     steps: list[StepRecord]  # every training step, in order
     state_dict: StateDictRecord
     memory: MemoryRecord
     timings: dict[str, float]
+    inference: InferenceRecord | None = None
 
     @property
     def before(self) -> ParametersAfter:

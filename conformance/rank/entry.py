@@ -16,11 +16,13 @@ import torch.distributed as dist
 from conformance.checks.findings import CellResult, judged
 from conformance.checks.record import CellRecord, MemoryRecord, SetupRecord, StateDictRecord
 from conformance.checks.registry import AREAS, applies
+from conformance.checks.traces import final_traces
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import expects_reset_error
 from conformance.rank import measure
 from conformance.rank.build import Recipe, Reference, Unsupported, build_reference, compose, rank_device, recipe
 from conformance.rank.gather import clones, cpu_copies, gather
+from conformance.rank.infer import infer
 from conformance.rank.simulate import run_simulated
 from conformance.rank.train import train
 
@@ -57,6 +59,8 @@ def drive(cell: Cell) -> CellRecord:
     alive_after_setup = measure.census(parts.device, reference.kit_pointers())
     setup = record_setup(parts, reference, tm)
     training = train(parts, reference, tm, rank, world)
+    traces = final_traces(tm)  # before the no_grad call compiles a computation of its own
+    inference = infer(parts, reference, tm, rank)
     state_dict = round_trip_state_dict(parts, reference, tm)
     return CellRecord(
         cell=cell,
@@ -66,6 +70,7 @@ def drive(cell: Cell) -> CellRecord:
         backend=dist.get_backend(),
         reference=reference.module,
         thunder_module=tm,
+        traces=traces,
         setup=setup,
         steps=training.steps,
         state_dict=state_dict,
@@ -82,6 +87,7 @@ def drive(cell: Cell) -> CellRecord:
             saved=training.saved,
         ),
         timings={"setup_s": composed.setup_s, **training.timings},
+        inference=inference,
     )
 
 

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from conformance.checks.findings import CellResult, judged
 from conformance.checks.record import SimulatedMemory, SimulatedRecord
 from conformance.checks.registry import AREAS, applies
+from conformance.checks.traces import final_traces
 from conformance.matrix.cells import Cell
 from conformance.matrix.simulated import sampled_ranks
 from conformance.rank import measure
@@ -79,4 +80,5 @@ def drive(cell: Cell, rank: int) -> SimulatedRecord:
             setup_peak=composed.setup_peak, alive_after_setup=alive.nbytes, scalars_after_setup=alive.scalars
         ),
         timings={"setup_s": composed.setup_s, "step0_s": time.perf_counter() - began},
+        traces=final_traces(tm),
     )
