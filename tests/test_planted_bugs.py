@@ -35,6 +35,7 @@ BF16: Pred = lambda cell: cell.dtype == "bfloat16"  # noqa: E731
 ZERO3_REAL: Pred = lambda cell: cell.sharding == "zero3" and REAL(cell)  # noqa: E731
 BUCKETED: Pred = lambda cell: cell.bucketing != "none"  # noqa: E731
 FROZEN: Pred = lambda cell: cell.model == "lora"  # noqa: E731 (a model with frozen parameters)
+INFER: Pred = lambda cell: cell.scenario == "infer"  # noqa: E731
 FROZEN_JIT_FSDP: Pred = lambda cell: FROZEN(cell) and cell.composition == "jit_fsdp"  # noqa: E731
 
 # bug -> {area: (must fail, may fail, words every must-fail message contains: a string, or
@@ -109,7 +110,7 @@ EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
         "offload": (NONE, FROZEN_JIT_FSDP, ""),
     },
     # inference after training: the result of a forward under no_grad asks for a gradient
-    "no_grad_ignored": {"numerics": (ALL, NONE, "output under no_grad needs no gradient")},
+    "no_grad_ignored": {"numerics": (INFER, NONE, "output under no_grad needs no gradient")},
 }
 
 # bug -> the ci cells it runs on instead of the smoke profile: the first ones that take its
@@ -123,6 +124,7 @@ ON_CI: dict[str, tuple[Pred, ...]] = {
     "tensor_leaked_per_step": (lambda c: c.sharding == "zero3", lambda c: c.offload != "none"),
     "zero3_originals_kept": (ZERO3_REAL, lambda c: REAL(c) and c.sharding == "zero2"),
     "bucketed_gradients_not_averaged": (BUCKETED, lambda c: not BUCKETED(c)),
+    "no_grad_ignored": (INFER, lambda c: not INFER(c)),
     "frozen_parameters_trained": (
         lambda c: FROZEN(c) and c.composition == "fsdp_jit",
         FROZEN_JIT_FSDP,

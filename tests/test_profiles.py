@@ -55,7 +55,7 @@ NIGHTLY_RUNS = runs(NIGHTLY)
 
 
 def test_ci_meets_every_valid_pair_in_a_cell_that_runs() -> None:
-    assert unmet_pairs(RUNS, 2, PIN_UNSUPPORTED) == []
+    assert unmet_pairs(RUNS, 2, PIN_UNSUPPORTED, profile="ci") == []
     # the check itself: a pair the cells miss is named, an impossible one never is
     assert {"model": "litgpt_neox", "dtype": "bfloat16"} in unmet_pairs([c for c in RUNS if c.dtype != "bfloat16"], 2)
     assert not valid({"model": "no_reset", "tie": "tied"})
@@ -67,7 +67,7 @@ def test_ci_gives_an_unsupported_composition_one_cell_and_its_pairs_to_the_other
     # were every composition offered, the same profile would run it across the array
     every = cells("ci", 2, {})
     assert sum(c.composition == "legacy_jit_fsdp" for c in every) > 1
-    assert unmet_pairs(every, 2) == []
+    assert unmet_pairs(every, 2, profile="ci") == []
 
 
 def test_profiles_over_the_default_world_size_and_the_boundary_ones() -> None:
@@ -186,7 +186,7 @@ def test_an_unsupported_offload_keeps_one_cell_per_policy_and_the_rest_run_witho
     stand_ins = [c for c in selected if c.offload != "none"]
     assert sorted(c.offload for c in stand_ins) == sorted(p for p in POLICIES if p != "none")
     runs = [c for c in selected if c.offload == "none" and c.composition not in refused]
-    assert unmet_pairs(runs, 2, refused) == []
+    assert unmet_pairs(runs, 2, refused, profile="ci") == []
     # the hand-picked boundary cells keep running, with their offload put back to none
     assert any(c.world_size == 3 and c.model == "mlp" and c.init == "real_broadcast_first" for c in runs)
 
@@ -202,8 +202,19 @@ def test_an_executor_the_environment_offers_runs_across_the_array() -> None:
     # every pair of values meets with each
     gpu_host = {"legacy_jit_fsdp": PIN_UNSUPPORTED["legacy_jit_fsdp"]}
     selected = [c for c in cells("ci", 2, gpu_host) if c.composition not in gpu_host and not c.simulated]
-    assert unmet_pairs(selected, 2, gpu_host) == []
+    assert unmet_pairs(selected, 2, gpu_host, profile="ci") == []
     assert {c.executors for c in selected} == set(EXECUTORS)
     # on the CPU pin the two that need CUDA keep one cell each, reporting why
     stand_ins = [c for c in CI if c.executors in PIN_UNSUPPORTED]
     assert sorted(c.executors for c in stand_ins) == ["nvfuser", "torchcompile"]
+
+
+def test_ci_runs_each_scenario_beyond_training_in_a_few_cells() -> None:
+    # a scenario costs a compilation per cell: ci runs it in hand-picked cells, nightly and
+    # full meet it pairwise and in triples like any axis (the nightly triple test above)
+    beyond = [c for c in RUNS if c.scenario != "train"]
+    assert {c.scenario for c in beyond} == {"infer"} and 3 <= len(beyond) <= 6
+    assert {c.composition for c in beyond} == {"fsdp_jit", "jit_fsdp"}
+    assert {"zero3", "zero2"} == {c.sharding for c in beyond} and "bfloat16" in {c.dtype for c in beyond}
+    assert any(c.bucketing != "none" for c in beyond) and any(c.offload != "none" for c in beyond)
+    assert {c.scenario for c in NIGHTLY_RUNS} == {"train", "infer"}

@@ -27,7 +27,7 @@ from conformance.checks.area import Area
 from conformance.checks.findings import Findings
 from conformance.checks.record import CellRecord, SimulatedRecord
 from conformance.checks.storages import distinct_storages, padded_bytes
-from conformance.checks.traces import KINDS, collective_symbols
+from conformance.checks.traces import KINDS, collective_symbols, issued
 from transforms.policies import proxy_bytes
 
 
@@ -87,17 +87,10 @@ def named_alternative(alternatives: list[tuple[str, dict]], phase: str, kind: st
 SEQUENCE = "collective sequence"  # the metric every rank of a world must agree on (frontend/verdict.py)
 
 
-def sequence(traces: dict[str, Any], symbols: dict[str, dict[str, list[Any]]]) -> list[str]:
-    """Every collective of the traces (``symbols``: each phase's, by kind) in the order issued:
-    phase, kind, dtype and bytes out. Ranks whose sequences differ would deadlock or mismatch
-    buffers in a real world."""
-    kinds = {id(b): kind for by_kind in symbols.values() for kind, found in by_kind.items() for b in found}
-    return [
-        f"{phase} {kinds[id(b)]} {_described(b)}"
-        for phase, t in traces.items()
-        for b in t.bound_symbols
-        if id(b) in kinds
-    ]
+def sequence(traces: dict[str, Any]) -> list[str]:
+    """Every collective of the traces in the order issued: phase, kind, dtype and bytes out.
+    Ranks whose sequences differ would deadlock or mismatch buffers in a real world."""
+    return [f"{phase} {kind} {_described(b)}" for phase, t in traces.items() for kind, b in issued(t)]
 
 
 def _described(bsym: Any) -> str:
@@ -113,9 +106,9 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
     cell = run.cell
     traces = run.traces.by_phase()
     symbols = {phase: collective_symbols(t) for phase, t in traces.items()}
-    issued = sequence(traces, symbols)
-    found.metrics[SEQUENCE] = issued
-    found.metrics[f"{SEQUENCE} digest"] = hashlib.sha1("\n".join(issued).encode()).hexdigest()[:16]
+    in_order = sequence(traces)
+    found.metrics[SEQUENCE] = in_order
+    found.metrics[f"{SEQUENCE} digest"] = hashlib.sha1("\n".join(in_order).encode()).hexdigest()[:16]
     expected = expected_counts(run.reference, cell.sharding, cell.bucketing)
     alternatives = alternative_counts(run.reference, cell.sharding, cell.bucketing)
     for phase, found_in in symbols.items():

@@ -42,21 +42,29 @@ def _symbol_kinds() -> dict[Any, str]:
     }
 
 
-def collective_symbols(trace: Any) -> dict[str, list[Any]]:
-    """The collectives ``trace`` executes, by kind: its top-level bound symbols, and those
-    inside fusion regions (an executor such as torch.compile's may fuse a collective into a
-    region, where it still runs). A collective's own sub-symbols are never read: they would
-    count one collective twice."""
-    found: dict[str, list[Any]] = {k: [] for k in KINDS}
+def issued(trace: Any) -> list[tuple[str, Any]]:
+    """The collectives ``trace`` executes, in order, as (kind, bound symbol): its top-level
+    bound symbols, and those inside fusion regions (an executor such as torch.compile's may
+    fuse a collective into a region, where it still runs). A collective's own sub-symbols
+    are never read: they would count one collective twice."""
     kinds = _symbol_kinds()
+    found: list[tuple[str, Any]] = []
 
     def visit(bsyms: Any) -> None:
         for bsym in bsyms:
             kind = kinds.get(bsym.sym.id)
             if kind is not None:
-                found[kind].append(bsym)
+                found.append((kind, bsym))
             elif getattr(bsym.sym, "is_fusion", False):
                 visit(bsym.subsymbols)
 
     visit(trace.bound_symbols)
     return found
+
+
+def collective_symbols(trace: Any) -> dict[str, list[Any]]:
+    """``issued`` by kind."""
+    by_kind: dict[str, list[Any]] = {k: [] for k in KINDS}
+    for kind, bsym in issued(trace):
+        by_kind[kind].append(bsym)
+    return by_kind

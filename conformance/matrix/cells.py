@@ -6,11 +6,26 @@ import dataclasses
 import hashlib
 from typing import Any
 
-# Axis order is the order of the id's parts. ``executors`` appears in an id only where it is
-# not Thunder's default list, so the ids of cells that existed before the axis did not change
-# (baselines and history compare by id).
-AXES = ("model", "init", "composition", "tie", "offload", "sharding", "bucketing", "dtype", "executors", "world_size")
+# Axis order is the order of the id's parts.
+AXES = (
+    "model",
+    "init",
+    "composition",
+    "tie",
+    "offload",
+    "sharding",
+    "bucketing",
+    "dtype",
+    "executors",
+    "scenario",
+    "world_size",
+)
 DEFAULT_EXECUTORS = "default"
+DEFAULT_SCENARIO = "train"
+# Axes added after ids were first compared across runs: at their default value they are left
+# out of the id and of ``Cell.axes()``, so every cell that existed before them keeps its id
+# (baselines and history compare by id).
+QUIET_DEFAULTS = {"executors": DEFAULT_EXECUTORS, "scenario": DEFAULT_SCENARIO}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +39,7 @@ class Cell:
     bucketing: str = "none"
     dtype: str = "float32"
     executors: str = DEFAULT_EXECUTORS
+    scenario: str = DEFAULT_SCENARIO
     world_size: int = 2
     spec: str | None = None  # JSON structure of a generated model (fixtures/strategies.py)
     # a world of ``world_size`` ranks acted out under torch's fake process group, a few
@@ -32,10 +48,8 @@ class Cell:
 
     @property
     def id(self) -> str:
-        parts = [str(getattr(self, axis)) for axis in AXES]
-        parts[-1] = f"ws{self.world_size}" + ("sim" if self.simulated else "")
-        if self.executors == DEFAULT_EXECUTORS:
-            parts.remove(DEFAULT_EXECUTORS)
+        parts = [str(getattr(self, axis)) for axis in AXES[:-1] if not self._quiet(axis)]
+        parts.append(f"ws{self.world_size}" + ("sim" if self.simulated else ""))
         if self.spec is not None:
             parts.append(hashlib.sha1(self.spec.encode()).hexdigest()[:8])
         return "-".join(parts)
@@ -47,9 +61,13 @@ class Cell:
             del out["spec"]
         if not self.simulated:
             del out["simulated"]
-        if self.executors == DEFAULT_EXECUTORS:
-            del out["executors"]
+        for axis in QUIET_DEFAULTS:
+            if self._quiet(axis):
+                del out[axis]
         return out
+
+    def _quiet(self, axis: str) -> bool:
+        return axis in QUIET_DEFAULTS and getattr(self, axis) == QUIET_DEFAULTS[axis]
 
     def __str__(self) -> str:
         return self.id

@@ -25,7 +25,7 @@ from fixtures.executors import EXECUTORS
 from fixtures.inits import INITS
 from fixtures.models import MODELS, fixture_for
 from fixtures.offloads import POLICIES
-from fixtures.options import BUCKETINGS, DTYPES, SHARDINGS, TIES
+from fixtures.options import BUCKETINGS, DTYPES, SCENARIOS, SHARDINGS, TIES
 
 PROFILES = ("smoke", "ci", "nightly", "full", "scale")
 # world sizes beside the session's own: every model (the negative one aside) has a first
@@ -63,8 +63,23 @@ def axis_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str,
         "bucketing": list(BUCKETINGS),
         "dtype": list(DTYPES),
         "executors": [e for e in EXECUTORS if e not in unsupported],
+        "scenario": list(SCENARIOS),
         "world_size": [world_size],
     }
+
+
+def pairwise_values(profile: str, world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
+    """The values a profile's covering array is built over (and its coverage promise made
+    for): every axis's, except that ci's array trains only. A scenario beyond training adds
+    a compilation per cell (Thunder compiles the no_grad forward apart: ~6 s a litgpt cell
+    here), so ci runs each in the few cells of ``SCENARIO_CI``; nightly and full cover them
+    like any other axis."""
+    values = axis_values(world_size, unsupported)
+    if profile == "ci":
+        # left out rather than narrowed to one value: the array (covertable's) is then the
+        # one ci had before the axis, cell for cell
+        del values["scenario"]
+    return values
 
 
 # the model of a generated cell (conformance/test_generated.py): built from the cell's spec
@@ -160,6 +175,17 @@ def _smoke(world_size: int) -> Iterator[Cell]:
     yield Cell("mlp", "real", "legacy_jit_fsdp", world_size=world_size)
 
 
+# ci's cells of the scenarios beyond training: every model but the negative one (litgpt once:
+# each costs a compilation of ~6 s), both compositions, ZERO3, bucketing, bfloat16, offloading
+SCENARIO_CI = (
+    Cell("mlp", "meta_transformed_sd", "jit_fsdp", sharding="zero3", bucketing="layer", scenario="infer"),
+    Cell("tied_lm", "real", "fsdp_jit", tie="tied", dtype="bfloat16", offload="all", scenario="infer"),
+    Cell("tie_group", "meta_module_init", "jit_fsdp", tie="tied", bucketing="block", scenario="infer"),
+    Cell("lora", "real_broadcast_last", "fsdp_jit", sharding="zero3", scenario="infer"),
+    Cell("litgpt_llama", "meta_original_sd", "jit_fsdp", tie="untied", dtype="bfloat16", scenario="infer"),
+)
+
+
 # ci's cells at the boundary world sizes: models with a first dimension the world size does
 # not divide (litgpt's 37 and tied_lm's 16 at 3; 7, 9 and 33 at 4), ZERO3, a broadcast from
 # the first and from the last rank, and the state dict the kit shards itself (padded) at each
@@ -203,10 +229,11 @@ def cells(profile: str, world_size: int, unsupported: Mapping[str, str]) -> list
         return list(dict.fromkeys(_smoke(world_size)))
     if profile == "scale":
         return list(simulated.covering(unsupported))
-    runs = axis_values(world_size, unsupported)
+    runs = pairwise_values(profile, world_size, unsupported)
     if profile == "ci":
-        boundary = (_runnable(c, unsupported) for c in (*BOUNDARY_CI, *simulated.CI))
-        selected = [*_covering(runs), *(c for c in boundary if c is not None)]
+        at_size = (dataclasses.replace(c, world_size=world_size) for c in SCENARIO_CI)
+        picked = (_runnable(c, unsupported) for c in (*at_size, *BOUNDARY_CI, *simulated.CI))
+        selected = [*_covering(runs), *(c for c in picked if c is not None)]
     elif profile == "nightly":
         # every triple at the session's size; the boundary sizes get what full gives them
         # (a pairwise array each), which covers everything BOUNDARY_CI was picked for
@@ -237,26 +264,28 @@ def coverage(ran: Iterable[Cell], world_size: int) -> dict[str, dict[str, int]]:
     return counts
 
 
-def unmet_pairs(ran: Iterable[Cell], world_size: int, unsupported: Collection[str] = ()) -> list[dict[str, Any]]:
-    """Every pair of values of two axes (at ``world_size``, compositions in ``unsupported``
-    left out) that the constraints allow but that met in none of the cells that ran, as
-    ``{axis: value, other_axis: value}``."""
-    return unmet_combinations(ran, world_size, unsupported, strength=2)
+def unmet_pairs(
+    ran: Iterable[Cell], world_size: int, unsupported: Collection[str] = (), profile: str = "full"
+) -> list[dict[str, Any]]:
+    """Every pair of values of two axes (at ``world_size``, over the values ``profile``
+    promises pairs of, those in ``unsupported`` left out) that the constraints allow but that
+    met in none of the cells that ran, as ``{axis: value, other_axis: value}``."""
+    return unmet_combinations(ran, world_size, unsupported, strength=2, profile=profile)
 
 
 def unmet_combinations(
-    ran: Iterable[Cell], world_size: int, unsupported: Collection[str] = (), strength: int = 2
+    ran: Iterable[Cell], world_size: int, unsupported: Collection[str] = (), strength: int = 2, profile: str = "full"
 ) -> list[dict[str, Any]]:
     """Every combination of values of ``strength`` axes that the constraints allow but that
     met in none of the cells that ran, as ``{axis: value, ...}``. (The constraints tie two
     axes each, so a combination they allow always extends to a whole cell.)"""
     met = set()
     for cell in ran:
-        row = [(a, getattr(cell, a)) for a in AXES]
+        row = [(a, getattr(cell, a)) for a in AXES]  # ordered as the combinations below
         met.update(itertools.combinations(row, strength))
-    values = axis_values(world_size, unsupported)
+    values = pairwise_values(profile, world_size, unsupported)
     unmet = []
-    for axes in itertools.combinations(AXES, strength):
+    for axes in itertools.combinations([a for a in AXES if a in values], strength):
         for combo in itertools.product(*(values[a] for a in axes)):
             pairs = tuple(zip(axes, combo, strict=True))
             if pairs not in met and valid(dict(pairs)):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 from typing import Any
 
-from conformance.matrix.cells import DEFAULT_EXECUTORS, Cell
+from conformance.matrix.cells import DEFAULT_EXECUTORS, DEFAULT_SCENARIO, Cell
 from fixtures.compositions import COMPOSITIONS
 from fixtures.models import WIDE_MODELS
 
@@ -39,6 +39,8 @@ def why_not(cell: Cell) -> str | None:
         return f"a simulated world holds only shards: init must be one of {', '.join(INITS)}, not {cell.init!r}"
     if cell.offload != "none" or cell.dtype != "float32":
         return "a simulated world runs without offloading, in float32 (its weights' row pattern is exact there)"
+    if cell.scenario != DEFAULT_SCENARIO:
+        return f"a simulated world runs one step to read its traces and shards, not the {cell.scenario!r} scenario"
     if cell.executors != DEFAULT_EXECUTORS:
         # what it checks (shards, the collectives traced) is the FSDP transform's, whichever
         # executor then runs the trace; not an axis there, so the scale array has none

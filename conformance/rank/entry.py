@@ -59,8 +59,8 @@ def drive(cell: Cell) -> CellRecord:
     alive_after_setup = measure.census(parts.device, reference.kit_pointers())
     setup = record_setup(parts, reference, tm)
     training = train(parts, reference, tm, rank, world)
-    traces = final_traces(tm)  # before the no_grad call compiles a computation of its own
-    inference = infer(parts, reference, tm, rank)
+    traces = final_traces(tm)  # before a no_grad call compiles a computation of its own
+    inference = infer(parts, reference, tm, rank) if cell.scenario == "infer" else None
     state_dict = round_trip_state_dict(parts, reference, tm)
     return CellRecord(
         cell=cell,

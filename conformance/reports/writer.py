@@ -79,7 +79,7 @@ class Reporter:
             # every world start is charged to the one cell that needed it (xdist workers too)
             "profile": self.session.profile,
             "coverage": coverage(ran.values(), self.session.nproc),
-            "unmet_pairs": unmet_pairs(ran.values(), self.session.nproc),
+            "unmet_pairs": unmet_pairs(ran.values(), self.session.nproc, profile=self.session.profile),
             "xfails_file": str(self.session.xfails_file),
             "worlds_started": len({r["cell"] for r in records if r.get("metrics", {}).get("world_start_s", 0) > 0}),
             "isolate": self.session.isolate,
