@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conformance.checks.registry import AREAS, applies
-from conformance.matrix.cells import AXES
+from conformance.matrix.cells import AXES, QUIET_DEFAULTS
 from conformance.matrix.profiles import BOUNDARY_WORLD_SIZES, axis_values, cells, unmet_pairs
 from conformance.matrix.simulated import sampled_ranks
 from fixtures.offloads import POLICIES
@@ -96,9 +96,8 @@ def test_junit_carries_each_cells_axes(suite: SuiteRun) -> None:
     for case in cases:
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         simulated = case.get("name").endswith("sim]")  # a simulated cell says so in its axes too
-        axes = set(json.loads(props["axes"]))
-        # executors is written where it is not the default
-        assert axes - {"executors"} == set(AXES) - {"executors"} | ({"simulated"} if simulated else set())
+        axes = set(json.loads(props["axes"])) - set(QUIET_DEFAULTS)  # written where not at their default
+        assert axes == set(AXES) - set(QUIET_DEFAULTS) | ({"simulated"} if simulated else set())
 
 
 def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
@@ -116,8 +115,8 @@ def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
         if cell["axes"].get("simulated"):  # its sampled ranks and metrics: tests/test_scale.py
             assert [r["rank"] for r in cell["ranks"]] == list(sampled_ranks(cell["axes"]["world_size"]))
             continue
-        # an axis at its default (executors) is left out of the axes written
-        assert set(AXES) - {"executors"} <= set(cell["axes"]) <= set(AXES)
+        # an axis added later is left out of the axes written at its default
+        assert set(AXES) - set(QUIET_DEFAULTS) <= set(cell["axes"]) <= set(AXES)
         assert [r["rank"] for r in cell["ranks"]] == list(range(cell["axes"]["world_size"]))
         metrics = cell["metrics"]
         if cell["outcome"] != "passed":
