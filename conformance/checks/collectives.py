@@ -126,7 +126,7 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
     forward_bytes = sum(proxy_bytes(b.flat_proxy_outs[0]) for b in symbols["forward"]["all_gather"])
     found.equal("forward all-gathered bytes", forward_bytes, gathered_bytes)
     inference = getattr(run, "inference", None)
-    if inference is not None:
+    if inference is not None and inference.trace is not None:  # none where Thunder raised: numerics says so
         _no_grad(found, collective_symbols(inference.trace), expected, alternatives, gathered_bytes)
     return found
 

@@ -107,11 +107,12 @@ class SimulatedMemory:
 class InferenceRecord:
     """One forward under ``torch.no_grad`` after training (conformance/rank/infer.py)."""
 
-    output: torch.Tensor  # this rank's output from the Thunder module
-    requires_grad: bool  # whether that output asked for a gradient (it must not)
-    reference_output: torch.Tensor  # eager PyTorch holding the Thunder module's weights
-    golden_output: torch.Tensor | None  # its float32 twin (low-precision cells)
-    trace: Any  # the computation trace Thunder ran for the call
+    output: torch.Tensor | None = None  # this rank's output from the Thunder module
+    requires_grad: bool = False  # whether that output asked for a gradient (it must not)
+    reference_output: torch.Tensor | None = None  # eager PyTorch holding the Thunder module's weights
+    golden_output: torch.Tensor | None = None  # its float32 twin (low-precision cells)
+    trace: Any = None  # the computation trace Thunder ran for the call
+    error: str | None = None  # what Thunder raised instead (the training's findings still stand)
 
 
 @dataclasses.dataclass
