@@ -16,19 +16,32 @@ import pytest
 
 
 @contextlib.contextmanager
-def duplicate_tied_all_gather() -> Iterator[None]:
-    """Forget which parameters are tied: every name of a tied weight is gathered (Thunder #602)."""
+def _around_transform_module(
+    before: Callable[[Any, Any], None] | None = None, after: Callable[[Any, Any], None] | None = None
+) -> Iterator[None]:
+    """FSDPTransform.transform_module with ``before(transform, model)`` and ``after(...)``
+    around it."""
     from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
 
     original = FSDPTransform.transform_module
 
     def transform_module(self: Any, model: Any) -> Any:
+        if before is not None:
+            before(self, model)
         result = original(self, model)
-        self.shared_params_name = {}
+        if after is not None:
+            after(self, model)
         return result
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(FSDPTransform, "transform_module", transform_module)
+        yield
+
+
+@contextlib.contextmanager
+def duplicate_tied_all_gather() -> Iterator[None]:
+    """Forget which parameters are tied: every name of a tied weight is gathered (Thunder #602)."""
+    with _around_transform_module(after=lambda transform, model: setattr(transform, "shared_params_name", {})):
         yield
 
 
@@ -596,17 +609,12 @@ def frozen_parameters_trained() -> Iterator[None]:
     ``nn.Parameter`` were built without passing the flag on, at a point the trace then sees):
     a frozen base gets gradients, reduce-scatters and optimizer steps. (Flipping the flag only
     after tracing is refused by Thunder's own prologue at the first call instead.)"""
-    from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
 
-    original = FSDPTransform.transform_module
-
-    def transform_module(self: Any, model: Any) -> Any:
+    def unfreeze(transform: Any, model: Any) -> None:
         for p in model.parameters():
             p.requires_grad_(True)
-        return original(self, model)
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(FSDPTransform, "transform_module", transform_module)
+    with _around_transform_module(before=unfreeze):
         yield
 
 
