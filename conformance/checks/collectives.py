@@ -113,18 +113,16 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
     alternatives = alternative_counts(run.reference, cell.sharding, cell.bucketing)
     for phase, found_in in symbols.items():
         for kind in KINDS:
-            what, got, want = f"{phase} {kind}s", len(found_in[kind]), expected[phase][kind]
-            named = named_alternative(alternatives, phase, kind, got)
-            found.metrics[what] = {"expected": want, "actual": got}  # as Findings.equal records it
-            with found.expect(what):
-                assert got == want, f"expected {want}, got {got}" + (f" ({named})" if named else "")
+            got = len(found_in[kind])
+            _count(
+                found, f"{phase} {kind}s", got, expected[phase][kind], named_alternative(alternatives, phase, kind, got)
+            )
         gathered = collections.Counter(b.flat_proxy_args[0].name for b in found_in["all_gather"])
         twice = sorted(name for name, n in gathered.items() if n > 1)
         with found.expect(f"{phase} gathers each storage once"):
             assert not twice, f"gathered more than once: {twice}"
     gathered_bytes = sum(padded_bytes(p, run.cell.world_size) for p in distinct_storages(run.reference).values())
-    forward_bytes = sum(proxy_bytes(b.flat_proxy_outs[0]) for b in symbols["forward"]["all_gather"])
-    found.equal("forward all-gathered bytes", forward_bytes, gathered_bytes)
+    found.equal("forward all-gathered bytes", _out_bytes(symbols["forward"]["all_gather"]), gathered_bytes)
     inference = getattr(run, "inference", None)
     if inference is not None and inference.trace is not None:  # none where Thunder raised: numerics says so
         _no_grad(found, collective_symbols(inference.trace), expected, alternatives, gathered_bytes)
@@ -141,14 +139,24 @@ def _no_grad(
     """The forward Thunder compiles under torch.no_grad: every gather of the training forward
     (counts and bytes as there), and nothing reduced: there is no gradient."""
     for kind in KINDS:
-        what, got = f"no_grad forward {kind}s", len(found_in[kind])
-        want = expected["forward"][kind] if kind == "all_gather" else 0
-        named = named_alternative(alternatives, "forward", kind, got) if kind == "all_gather" else None
-        found.metrics[what] = {"expected": want, "actual": got}
-        with found.expect(what):
-            assert got == want, f"expected {want}, got {got}" + (f" ({named})" if named else "")
-    got_bytes = sum(proxy_bytes(b.flat_proxy_outs[0]) for b in found_in["all_gather"])
-    found.equal("no_grad forward all-gathered bytes", got_bytes, gathered_bytes)
+        got = len(found_in[kind])
+        gathers = kind == "all_gather"
+        named = named_alternative(alternatives, "forward", kind, got) if gathers else None
+        _count(found, f"no_grad forward {kind}s", got, expected["forward"][kind] if gathers else 0, named)
+    found.equal("no_grad forward all-gathered bytes", _out_bytes(found_in["all_gather"]), gathered_bytes)
+
+
+def _count(found: Findings, what: str, got: int, want: int, named: str | None) -> None:
+    """A count of collectives against the model's, recorded as ``Findings.equal`` records it;
+    a wrong count says which alternative it equals, where it equals one."""
+    found.metrics[what] = {"expected": want, "actual": got}
+    with found.expect(what):
+        assert got == want, f"expected {want}, got {got}" + (f" ({named})" if named else "")
+
+
+def _out_bytes(bsyms: list[Any]) -> int:
+    """Bytes the collectives ``bsyms`` declare as their outputs."""
+    return sum(proxy_bytes(b.flat_proxy_outs[0]) for b in bsyms)
 
 
 AREA = Area("collectives", check, simulated=check)

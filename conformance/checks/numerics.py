@@ -69,17 +69,7 @@ def check(run: CellRecord) -> Findings:
             if kind in failed:
                 continue
             what = f"{kind} at step {k} ({step.optimizer})"
-            if not low:
-                ok = found.close(what, actual, expected, **FLOAT32)
-            else:
-                per_name = eager_error(expected, golden, run.dtype)
-                extra = drift if kind == "parameters" else {}
-                for n, d in extra.items():
-                    if n in per_name:
-                        per_name[n]["atol"] += d.max().item()
-                ok = found.close(what, actual, expected, per_name, rtol=torch.finfo(run.dtype).eps, atol=0.0)
-                ok = _as_whole(found, what, actual, expected, golden or {}, run.dtype, extra) and ok
-            if not ok:
+            if not _compare(found, what, actual, expected, golden, run.dtype, drift if kind == "parameters" else None):
                 failed.add(kind)
         if low and "update" not in failed and not _update(found, k, phase, before, run.dtype, moved):
             failed.add("update")
@@ -107,14 +97,30 @@ def _no_grad(found: Findings, inference: InferenceRecord, dtype: torch.dtype) ->
         return
     with found.expect("output under no_grad needs no gradient"):
         assert not inference.requires_grad, "it requires grad: Thunder recorded the computation for a backward"
-    what = "output under no_grad"
     actual, expected = {"output": inference.output}, {"output": inference.reference_output}
+    _compare(found, "output under no_grad", actual, expected, _output(inference.golden_output), dtype)
+
+
+def _compare(
+    found: Findings,
+    what: str,
+    actual: Tensors,
+    expected: Tensors,
+    golden: Tensors | None,
+    dtype: torch.dtype,
+    drift: Tensors | None = None,
+) -> bool:
+    """Tensors of one kind against eager's: in float32 at FLOAT32; below it per element from
+    eager's own error against the float32 twin ``golden`` (plus the worst element of
+    ``drift``, per name), and each tensor as a whole (plus the norm of ``drift``)."""
     if dtype == torch.float32:
-        found.close(what, actual, expected, **FLOAT32)
-        return
-    golden = _output(inference.golden_output)
-    found.close(what, actual, expected, eager_error(expected, golden, dtype), rtol=torch.finfo(dtype).eps, atol=0.0)
-    _as_whole(found, what, actual, expected, golden or {}, dtype)
+        return found.close(what, actual, expected, **FLOAT32)
+    per_name = eager_error(expected, golden, dtype)
+    for n, d in (drift or {}).items():
+        if n in per_name:
+            per_name[n]["atol"] += d.max().item()
+    ok = found.close(what, actual, expected, per_name, rtol=torch.finfo(dtype).eps, atol=0.0)
+    return _as_whole(found, what, actual, expected, golden or {}, dtype, drift) and ok
 
 
 def _output(golden: torch.Tensor | None) -> Tensors | None:

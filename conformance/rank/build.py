@@ -21,7 +21,7 @@ from conformance.rank import measure
 from conformance.rank.gather import clones, shard, snapshot
 from fixtures import inits, patterns
 from fixtures.compositions import COMPOSITIONS, Composition, Setup
-from fixtures.executors import EXECUTORS
+from fixtures.executors import EXECUTORS, ExecutorChoice
 from fixtures.models import ModelFixture, fixture_for
 from fixtures.offloads import POLICIES
 from fixtures.options import BUCKETINGS, DTYPES, SHARDINGS
@@ -47,6 +47,7 @@ class Recipe:
     fixture: ModelFixture
     init: inits.InitMode
     composition: Composition
+    executors: ExecutorChoice
     plan: SetupPlan
     device: torch.device
     dtype: torch.dtype
@@ -65,12 +66,10 @@ class Recipe:
 def recipe(cell: Cell, device: torch.device) -> Recipe:
     """The cell's parts; raises Unsupported where a probe (the composition's, offloading's,
     the executor's) refuses it."""
-    composition = COMPOSITIONS[cell.composition]
-    if composition.probe is not None and (reason := composition.probe(device)):
-        raise Unsupported(reason)
-    executors = EXECUTORS[cell.executors]
-    if executors.probe is not None and (reason := executors.probe(device)):
-        raise Unsupported(reason)
+    composition, executors = COMPOSITIONS[cell.composition], EXECUTORS[cell.executors]
+    for probed in (composition, executors):
+        if probed.probe is not None and (reason := probed.probe(device)):
+            raise Unsupported(reason)
     if POLICIES[cell.offload] is not None:
         from transforms import offload  # Thunder's import, as below
 
@@ -81,6 +80,7 @@ def recipe(cell: Cell, device: torch.device) -> Recipe:
         fixture=fixture_for(cell.model, cell.spec),
         init=inits.INITS[cell.init],
         composition=composition,
+        executors=executors,
         plan=plan(cell),
         device=device,
         dtype=DTYPES[cell.dtype],
@@ -141,7 +141,7 @@ def compose(recipe: Recipe, reference: Reference) -> Composed:
             materialization_init,
             options,
             cell_transforms(recipe.cell, recipe.device),
-            EXECUTORS[recipe.cell.executors].jit_options(),
+            recipe.executors.jit_options(),
         )
         tm = recipe.composition.build(model, how)
         if recipe.plan.load_after == "original":

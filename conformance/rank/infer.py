@@ -16,7 +16,7 @@ import torch
 from conformance.checks.record import InferenceRecord
 from conformance.rank.build import Recipe, Reference
 from conformance.rank.gather import gather
-from conformance.rank.train import STEPS, generator
+from conformance.rank.train import STEPS, float32_input, generator
 from fixtures.optimizers import OPTIMIZERS
 
 # the input of the step after the last training step: one neither model has seen
@@ -39,7 +39,7 @@ def infer(recipe: Recipe, reference: Reference, tm: object, rank: int) -> Infere
     golden = copy.deepcopy(eager).float() if recipe.dtype != torch.float32 else None  # .float() is in place
     with torch.no_grad():
         expected = eager(x)
-        golden_out = golden(x.float() if x.is_floating_point() else x) if golden is not None else None
+        golden_out = golden(float32_input(x)) if golden is not None else None
     return InferenceRecord(
         output=out.detach().cpu(),
         requires_grad=bool(out.requires_grad),

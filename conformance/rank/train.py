@@ -102,13 +102,13 @@ class _Lockstep:
         if measured:
             training.eager_peaks.update(_eager_peaks(reference, inputs[rank], cotangents[rank], device))
             if golden is not None:  # the float32 twin's, where the cell computes below float32
-                twin = _eager_peaks(golden, _float(inputs[rank]), cotangents[rank].float(), device)
+                twin = _eager_peaks(golden, float32_input(inputs[rank]), cotangents[rank].float(), device)
                 training.eager_peaks.update({f"float32 {k}": v for k, v in twin.items()})
         # FSDP averages gradients over ranks: the reference loss is the mean of the ranks' losses.
         _mean_loss(ref_outs, cotangents).backward()
         golden_outs = None
         if golden is not None:
-            golden_outs = [golden(_float(x)) for x in inputs]
+            golden_outs = [golden(float32_input(x)) for x in inputs]
             _mean_loss(golden_outs, [c.float() for c in cotangents]).backward()
         grads = gather(tm, self.reference.shapes, grads=True)
         reference_grads = snapshot(reference, grads=True)
@@ -206,7 +206,8 @@ def _shard_twins(module: nn.Module, world: int, device: torch.device) -> list[to
     return twins
 
 
-def _float(x: torch.Tensor) -> torch.Tensor:
+def float32_input(x: torch.Tensor) -> torch.Tensor:
+    """An input as the float32 twin takes it (token ids stay integers)."""
     return x.float() if x.is_floating_point() else x
 
 
