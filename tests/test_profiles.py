@@ -27,6 +27,7 @@ from fixtures.executors import EXECUTORS
 from fixtures.inits import INITS
 from fixtures.models import MODELS
 from fixtures.offloads import POLICIES
+from fixtures.options import SCENARIOS
 from tests.suite_runs import ROOT
 
 # what the worlds' probe finds on the kit's pin on CPU (test_the_pins_probe below holds it to that)
@@ -210,11 +211,16 @@ def test_an_executor_the_environment_offers_runs_across_the_array() -> None:
 
 
 def test_ci_runs_each_scenario_beyond_training_in_a_few_cells() -> None:
-    # a scenario costs a compilation per cell: ci runs it in hand-picked cells, nightly and
-    # full meet it pairwise and in triples like any axis (the nightly triple test above)
+    # a scenario costs a compilation per cell: ci runs each in hand-picked cells that between
+    # them take both compositions, both shardings, bucketing, bfloat16 and offloading; nightly
+    # and full meet every scenario pairwise and in triples like any axis
     beyond = [c for c in RUNS if c.scenario != "train"]
-    assert {c.scenario for c in beyond} == {"infer"} and 3 <= len(beyond) <= 6
-    assert {c.composition for c in beyond} == {"fsdp_jit", "jit_fsdp"}
-    assert {"zero3", "zero2"} == {c.sharding for c in beyond} and "bfloat16" in {c.dtype for c in beyond}
-    assert any(c.bucketing != "none" for c in beyond) and any(c.offload != "none" for c in beyond)
-    assert {c.scenario for c in NIGHTLY_RUNS} == {"train", "infer"}
+    assert {c.scenario for c in beyond} == set(SCENARIOS) - {"train"}
+    for scenario in set(SCENARIOS) - {"train"}:
+        picked = [c for c in beyond if c.scenario == scenario]
+        assert 3 <= len(picked) <= 6, scenario
+        assert {c.composition for c in picked} == {"fsdp_jit", "jit_fsdp"}, scenario
+        assert {"zero3", "zero2"} == {c.sharding for c in picked}, scenario
+        assert "bfloat16" in {c.dtype for c in picked}, scenario
+        assert any(c.bucketing != "none" for c in picked) and any(c.offload != "none" for c in picked), scenario
+    assert {c.scenario for c in NIGHTLY_RUNS} == set(SCENARIOS)

@@ -123,27 +123,60 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
             assert not twice, f"gathered more than once: {twice}"
     gathered_bytes = sum(padded_bytes(p, run.cell.world_size) for p in distinct_storages(run.reference).values())
     found.equal("forward all-gathered bytes", _out_bytes(symbols["forward"]["all_gather"]), gathered_bytes)
-    inference = getattr(run, "inference", None)
-    if inference is not None and inference.trace is not None:  # none where Thunder raised: numerics says so
-        _no_grad(found, collective_symbols(inference.trace), expected, alternatives, gathered_bytes)
+    record = getattr(run, "scenario", None)
+    if record is not None and record.traces is not None:  # none where Thunder raised: numerics says so
+        _scenario(found, record, expected, alternatives, gathered_bytes)
     return found
 
 
-def _no_grad(
+def scenario_counts(scenario: str, expected: dict[str, dict[str, int]]) -> dict[str, tuple[str, dict[str, int]]]:
+    """Per trace a scenario compiled (forward, backward): how findings name it and what it
+    must issue, from what the training's traces must. Under no_grad: the training forward's
+    gathers and nothing reduced (there is no gradient; nor a backward). With the sync skipped:
+    the training's gathers, and nothing reduced in the backward (reducing is what skipping
+    skips). At a second input shape: what the training's traces issue (a collective's count
+    does not depend on the batch)."""
+    forward, backward = expected["forward"], expected["backward"]
+    nothing_reduced = {"reduce_scatter": 0, "all_reduce": 0}
+    if scenario == "infer":
+        return {"forward": ("no_grad forward", {**forward, **nothing_reduced})}
+    if scenario == "accumulate":
+        return {
+            "forward": ("no_sync forward", forward),
+            "backward": ("no_sync backward", {**backward, **nothing_reduced}),
+        }
+    return {"forward": ("second shape forward", forward), "backward": ("second shape backward", backward)}
+
+
+def _scenario(
     found: Findings,
-    found_in: dict[str, list[Any]],
+    record: Any,
     expected: dict[str, dict[str, int]],
     alternatives: list[tuple[str, dict]],
     gathered_bytes: int,
 ) -> None:
-    """The forward Thunder compiles under torch.no_grad: every gather of the training forward
-    (counts and bytes as there), and nothing reduced: there is no gradient."""
-    for kind in KINDS:
-        got = len(found_in[kind])
-        gathers = kind == "all_gather"
-        named = named_alternative(alternatives, "forward", kind, got) if gathers else None
-        _count(found, f"no_grad forward {kind}s", got, expected["forward"][kind] if gathers else 0, named)
-    found.equal("no_grad forward all-gathered bytes", _out_bytes(found_in["all_gather"]), gathered_bytes)
+    """The traces the cell's scenario compiled, counted against ``scenario_counts``; every
+    forward gathers the bytes the training forward gathers."""
+    traces = record.traces.by_phase()
+    for phase, (label, want) in scenario_counts(record.scenario, expected).items():
+        trace = traces.get(phase)
+        with found.expect(f"{label} trace"):
+            assert trace is not None, "Thunder compiled none"
+        if trace is None:
+            continue
+        found_in = collective_symbols(trace)
+        for kind in KINDS:
+            got = len(found_in[kind])
+            # a count the scenario keeps may equal an alternative's; one it forbids may be the
+            # training's (Thunder compiled the scenario like a training step)
+            trained = expected[phase][kind]
+            if want[kind]:
+                named = named_alternative(alternatives, phase, kind, got)
+            else:
+                named = "the training's count" if got and got == trained else None
+            _count(found, f"{label} {kind}s", got, want[kind], named)
+        if phase == "forward":
+            found.equal(f"{label} all-gathered bytes", _out_bytes(found_in["all_gather"]), gathered_bytes)
 
 
 def _count(found: Findings, what: str, got: int, want: int, named: str | None) -> None:

@@ -33,9 +33,10 @@ import torch
 
 from conformance.checks.area import Area
 from conformance.checks.findings import Findings
-from conformance.checks.record import CellRecord, InferenceRecord, ParametersAfter, StepRecord
+from conformance.checks.record import CellRecord, ParametersAfter, ScenarioRecord, StepRecord
 from conformance.checks.storages import tie_groups
 from fixtures.optimizers import OPTIMIZERS, Optimizer
+from fixtures.options import MICRO_STEPS
 
 Tensors = dict[str, torch.Tensor]
 
@@ -75,8 +76,8 @@ def check(run: CellRecord) -> Findings:
             failed.add("update")
         before = step.after
 
-    if run.inference is not None:
-        _no_grad(found, run.inference, run.dtype)
+    if run.scenario is not None:
+        _scenario(found, run.scenario, run.dtype)
 
     # Tied names must resolve to one parameter: one shard, one gradient, one update.
     for group in tie_groups(run.reference):
@@ -86,19 +87,46 @@ def check(run: CellRecord) -> Findings:
     return found
 
 
-def _no_grad(found: Findings, inference: InferenceRecord, dtype: torch.dtype) -> None:
-    """The forward under torch.no_grad after training, against eager PyTorch holding the
-    Thunder module's own weights: the same tolerances as any output (below float32, from
-    that eager model's float32 twin), and a result that needs no gradient."""
-    if inference.error is not None:
+# How a scenario's findings name what it compared (conformance/rank/scenarios/).
+PHRASES = {
+    "infer": "under no_grad",
+    "accumulate": f"accumulated over {MICRO_STEPS} micro-steps",
+    "reshape": "at the second input shape",
+}
+
+
+def _scenario(found: Findings, record: ScenarioRecord, dtype: torch.dtype) -> None:
+    """What the cell's scenario did after training, against eager PyTorch holding the Thunder
+    module's own weights: its output and gradients with the same tolerances as a training
+    step's (below float32, from that eager model's float32 twin); under no_grad, a result
+    that needs no gradient. Gradients that equal one of the record's recognisable mistakes
+    fail once, naming it."""
+    phrase = PHRASES[record.scenario]
+    first = "output" if record.scenario != "accumulate" else "gradients"
+    if record.error is not None:
         # the first line names the kind of refusal (what an xfails entry pins), the next what Thunder said
-        kind = inference.error.split(":", 1)[0]
-        found.failures.append(f"output under no_grad: Thunder raised {kind}\n{inference.error}")
+        kind = record.error.split(":", 1)[0]
+        found.failures.append(f"{first} {phrase}: Thunder raised {kind}\n{record.error}")
         return
-    with found.expect("output under no_grad needs no gradient"):
-        assert not inference.requires_grad, "it requires grad: Thunder recorded the computation for a backward"
-    actual, expected = {"output": inference.output}, {"output": inference.reference_output}
-    _compare(found, "output under no_grad", actual, expected, _output(inference.golden_output), dtype)
+    if record.requires_grad is not None:
+        with found.expect(f"output {phrase} needs no gradient"):
+            assert not record.requires_grad, "it requires grad: Thunder recorded the computation for a backward"
+    if record.output is not None and record.reference_output is not None:
+        actual, expected = {"output": record.output}, {"output": record.reference_output}
+        _compare(found, f"output {phrase}", actual, expected, _output(record.golden_output), dtype)
+    if record.grads is None or record.reference_grads is None:
+        return
+    what = f"gradients {phrase}"
+    scratch = Findings()
+    ok = _compare(scratch, what, record.grads, record.reference_grads, record.golden_grads, dtype)
+    found.metrics.update(scratch.metrics)
+    if ok:
+        return
+    for name, (reference, golden) in record.alternatives.items():
+        if _compare(Findings(), what, record.grads, reference, golden, dtype):
+            found.failures.append(f"{what}: equal {name}")
+            return
+    found.failures += scratch.failures
 
 
 def _compare(

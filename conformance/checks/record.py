@@ -104,14 +104,25 @@ class SimulatedMemory:
 
 
 @dataclasses.dataclass
-class InferenceRecord:
-    """One forward under ``torch.no_grad`` after training (conformance/rank/infer.py)."""
+class ScenarioRecord:
+    """What a cell's scenario did after training (conformance/rank/scenarios/): one more use of
+    the Thunder module beside eager PyTorch holding the Thunder module's own gathered weights
+    (so that the comparison does not depend on how far training let the two drift apart) and,
+    below float32, that eager model's float32 twin. A field the scenario does not produce
+    stays None."""
 
+    scenario: str  # the cell's ``scenario`` axis value
     output: torch.Tensor | None = None  # this rank's output from the Thunder module
-    requires_grad: bool = False  # whether that output asked for a gradient (it must not)
-    reference_output: torch.Tensor | None = None  # eager PyTorch holding the Thunder module's weights
-    golden_output: torch.Tensor | None = None  # its float32 twin (low-precision cells)
-    trace: Any = None  # the computation trace Thunder ran for the call
+    reference_output: torch.Tensor | None = None
+    golden_output: torch.Tensor | None = None
+    requires_grad: bool | None = None  # whether that output asked for a gradient
+    grads: Tensors | None = None  # full gradients after the scenario's backward(s), gathered
+    reference_grads: Tensors | None = None
+    golden_grads: Tensors | None = None
+    # gradients a recognisable mistake would produce, by what names it (eager's and the twin's),
+    # so that a failure can say which one Thunder made, e.g. "the last micro-step's alone"
+    alternatives: dict[str, tuple[Tensors, Tensors | None]] = dataclasses.field(default_factory=dict)
+    traces: FinalTraces | None = None  # what Thunder compiled for the scenario (backward: None without one)
     error: str | None = None  # what Thunder raised instead (the training's findings still stand)
 
 
@@ -156,7 +167,7 @@ class CellRecord:
     state_dict: StateDictRecord
     memory: MemoryRecord
     timings: dict[str, float]
-    inference: InferenceRecord | None = None
+    scenario: ScenarioRecord | None = None  # a scenario beyond training (the cell's axis)
 
     @property
     def before(self) -> ParametersAfter:

@@ -175,14 +175,37 @@ def _smoke(world_size: int) -> Iterator[Cell]:
     yield Cell("mlp", "real", "legacy_jit_fsdp", world_size=world_size)
 
 
-# ci's cells of the scenarios beyond training: every model but the negative one (litgpt once:
-# each costs a compilation of ~6 s), both compositions, ZERO3, bucketing, bfloat16, offloading
+# ci's cells of the scenarios beyond training, each scenario in cells that between them take
+# both compositions, ZERO3, bucketing, bfloat16 and offloading; ``infer`` in every model but
+# the negative one; litgpt once per scenario (each scenario compiles again: ~6 s a litgpt cell)
 SCENARIO_CI = (
     Cell("mlp", "meta_transformed_sd", "jit_fsdp", sharding="zero3", bucketing="layer", scenario="infer"),
     Cell("tied_lm", "real", "fsdp_jit", tie="tied", dtype="bfloat16", offload="all", scenario="infer"),
     Cell("tie_group", "meta_module_init", "jit_fsdp", tie="tied", bucketing="block", scenario="infer"),
     Cell("lora", "real_broadcast_last", "fsdp_jit", sharding="zero3", scenario="infer"),
     Cell("litgpt_llama", "meta_original_sd", "jit_fsdp", tie="untied", dtype="bfloat16", scenario="infer"),
+    Cell("mlp", "real", "fsdp_jit", scenario="accumulate"),
+    Cell(
+        "tie_group",
+        "meta_transformed_sd",
+        "jit_fsdp",
+        tie="tied",
+        sharding="zero3",
+        dtype="bfloat16",
+        scenario="accumulate",
+    ),
+    Cell("lora", "meta_module_init", "jit_fsdp", bucketing="layer", offload="all", scenario="accumulate"),
+    Cell("tied_lm", "meta_original_sd", "jit_fsdp", tie="tied", sharding="zero3", scenario="reshape"),
+    Cell(
+        "litgpt_neox",
+        "real_broadcast_first",
+        "fsdp_jit",
+        tie="tied",
+        dtype="bfloat16",
+        bucketing="block",
+        scenario="reshape",
+    ),
+    Cell("mlp", "real", "jit_fsdp", offload="all", scenario="reshape"),
 )
 
 

@@ -22,7 +22,7 @@ from conformance.matrix.plan import expects_reset_error
 from conformance.rank import measure
 from conformance.rank.build import Recipe, Reference, Unsupported, build_reference, compose, rank_device, recipe
 from conformance.rank.gather import clones, cpu_copies, gather
-from conformance.rank.infer import infer
+from conformance.rank.scenarios import run_scenario
 from conformance.rank.simulate import run_simulated
 from conformance.rank.train import train
 
@@ -49,7 +49,7 @@ def run_cell(axes: dict[str, Any]) -> dict[str, Any]:
 
 
 def drive(cell: Cell) -> CellRecord:
-    """Build the cell, record its setup, train it, round-trip its state dict."""
+    """Build the cell, record its setup, train it, run its scenario, round-trip its state dict."""
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == cell.world_size, f"cell wants {cell.world_size} ranks, the world has {world}"
     parts = recipe(cell, rank_device())
@@ -59,8 +59,8 @@ def drive(cell: Cell) -> CellRecord:
     alive_after_setup = measure.census(parts.device, reference.kit_pointers())
     setup = record_setup(parts, reference, tm)
     training = train(parts, reference, tm, rank, world)
-    traces = final_traces(tm)  # before a no_grad call compiles a computation of its own
-    inference = infer(parts, reference, tm, rank) if cell.scenario == "infer" else None
+    traces = final_traces(tm)  # before a scenario compiles a computation of its own
+    scenario = run_scenario(cell.scenario, parts, reference, tm, rank, world)
     state_dict = round_trip_state_dict(parts, reference, tm)
     return CellRecord(
         cell=cell,
@@ -87,7 +87,7 @@ def drive(cell: Cell) -> CellRecord:
             saved=training.saved,
         ),
         timings={"setup_s": composed.setup_s, **training.timings},
-        inference=inference,
+        scenario=scenario,
     )
 
 

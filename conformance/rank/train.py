@@ -105,11 +105,11 @@ class _Lockstep:
                 twin = _eager_peaks(golden, float32_input(inputs[rank]), cotangents[rank].float(), device)
                 training.eager_peaks.update({f"float32 {k}": v for k, v in twin.items()})
         # FSDP averages gradients over ranks: the reference loss is the mean of the ranks' losses.
-        _mean_loss(ref_outs, cotangents).backward()
+        mean_loss(ref_outs, cotangents).backward()
         golden_outs = None
         if golden is not None:
             golden_outs = [golden(float32_input(x)) for x in inputs]
-            _mean_loss(golden_outs, [c.float() for c in cotangents]).backward()
+            mean_loss(golden_outs, [c.float() for c in cotangents]).backward()
         grads = gather(tm, self.reference.shapes, grads=True)
         reference_grads = snapshot(reference, grads=True)
         golden_grads = None if golden is None else snapshot(golden, grads=True)
@@ -211,5 +211,5 @@ def float32_input(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.is_floating_point() else x
 
 
-def _mean_loss(outputs: list[torch.Tensor], cotangents: list[torch.Tensor]) -> torch.Tensor:
+def mean_loss(outputs: list[torch.Tensor], cotangents: list[torch.Tensor]) -> torch.Tensor:
     return sum((o * c).mean() for o, c in zip(outputs, cotangents, strict=True)) / len(outputs)

@@ -1,0 +1,54 @@
+"""``accumulate``: gradient accumulation over ``MICRO_STEPS`` micro-batches, the gradient
+sync skipped on all but the last, the way Thunder documents it (``ThunderModule.no_sync``:
+the skipped micro-steps' backward inside it, which syncs what they accumulated on exit, then
+one ordinary forward and backward). The accumulated gradients must equal the sum of eager's
+gradients of each micro-batch (each the ranks' averaged loss), and the backward Thunder
+compiles for the skipped micro-steps must reduce nothing: that is the point of skipping.
+
+Where the gradients are wrong, the record carries what two recognisable mistakes would give
+(the last micro-step's gradients alone, the skipped ones' alone), so that the finding names
+the mistake Thunder made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.checks.record import ScenarioRecord
+from conformance.checks.traces import final_traces
+from conformance.rank.build import Recipe, Reference
+from conformance.rank.gather import gather
+from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, eager_gradients, loss, summed
+from fixtures.options import MICRO_STEPS
+
+
+def accumulate(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) -> ScenarioRecord:
+    eager = Eager.beside(recipe, reference, tm)
+    batches = [
+        Batch.draw(recipe.fixture.make_input, recipe, eager.module, AFTER_TRAINING + i, world)
+        for i in range(MICRO_STEPS)
+    ]
+    try:
+        with tm.no_sync():
+            for batch in batches[:-1]:
+                loss(tm(batch.inputs[rank]), batch.cotangents[rank]).backward()
+            traces = final_traces(tm)  # the computation Thunder compiled for a skipped sync
+        last = batches[-1]
+        loss(tm(last.inputs[rank]), last.cotangents[rank]).backward()
+    except Exception as exc:  # Thunder's own call: its refusal is a finding, not the end of the cell
+        return ScenarioRecord("accumulate", error=f"{type(exc).__name__}: {exc}")
+    grads = gather(tm, reference.shapes, grads=True)
+    tm.zero_grad(set_to_none=True)
+    per_step = [eager_gradients(eager.module, b)[1] for b in batches]
+    golden = [eager_gradients(eager.golden, b, float32=True)[1] for b in batches] if eager.golden is not None else None
+    return ScenarioRecord(
+        "accumulate",
+        grads=grads,
+        reference_grads=summed(per_step),
+        golden_grads=None if golden is None else summed(golden),
+        alternatives={
+            "the last micro-step's alone": (per_step[-1], None if golden is None else golden[-1]),
+            "the skipped micro-steps' alone": (summed(per_step[:-1]), None if golden is None else summed(golden[:-1])),
+        },
+        traces=traces,
+    )

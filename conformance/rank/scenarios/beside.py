@@ -1,0 +1,98 @@
+"""Eager PyTorch beside a scenario: a copy of the reference holding the Thunder module's own
+gathered weights (and below float32 its float32 twin), the inputs and cotangents of one
+global batch, and eager's gradients of the ranks' averaged loss."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from conformance.rank.build import Recipe, Reference
+from conformance.rank.gather import cpu_copies, gather
+from conformance.rank.train import STEPS, float32_input, generator, mean_loss
+from fixtures.optimizers import OPTIMIZERS
+
+Tensors = dict[str, torch.Tensor]
+
+# the first input step after training: inputs neither model has seen
+AFTER_TRAINING = STEPS * len(OPTIMIZERS)
+
+
+@dataclasses.dataclass
+class Eager:
+    """Eager PyTorch holding the Thunder module's weights as they are now."""
+
+    module: nn.Module
+    golden: nn.Module | None  # its float32 twin, below float32
+
+    @classmethod
+    def beside(cls, recipe: Recipe, reference: Reference, tm: Any) -> Eager:
+        module = holding(reference.module, gather(tm, reference.shapes))
+        golden = copy.deepcopy(module).float() if recipe.dtype != torch.float32 else None  # .float() is in place
+        return cls(module, golden)
+
+
+@dataclasses.dataclass
+class Batch:
+    """One global batch: every rank's input and the cotangent its output is weighted by."""
+
+    inputs: list[torch.Tensor]
+    cotangents: list[torch.Tensor]
+
+    @classmethod
+    def draw(
+        cls,
+        make: Callable[[torch.Generator, torch.dtype], torch.Tensor],
+        recipe: Recipe,
+        eager: nn.Module,
+        step: int,
+        world: int,
+    ) -> Batch:
+        """Inputs of step ``step`` from ``make``, cotangents of the shape eager's output has
+        (the same generators as training's, so a scenario's batch is as reproducible)."""
+        device, dtype = recipe.device, recipe.dtype
+        inputs = [make(generator(step, r), dtype).to(device) for r in range(world)]
+        with torch.no_grad():
+            shapes = [eager(x).shape for x in inputs]
+        cotangents = [torch.randn(s, generator=generator(step, r, 7)).to(device, dtype) for r, s in enumerate(shapes)]
+        return cls(inputs, cotangents)
+
+
+def loss(out: torch.Tensor, cotangent: torch.Tensor) -> torch.Tensor:
+    """One rank's loss, as training takes it."""
+    return (out * cotangent).mean()
+
+
+def eager_gradients(module: nn.Module, batch: Batch, float32: bool = False) -> tuple[list[torch.Tensor], Tensors]:
+    """Eager's outputs on the rank inputs and its gradients of the ranks' averaged loss (FSDP
+    averages over ranks), by parameter name (one per tie), frozen parameters left out as
+    eager leaves them None; returned, never accumulated into the module. ``float32``: the
+    float32 twin's (token ids stay integers)."""
+    inputs = [float32_input(x) for x in batch.inputs] if float32 else batch.inputs
+    cotangents = [c.float() for c in batch.cotangents] if float32 else batch.cotangents
+    outs = [module(x) for x in inputs]
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad(mean_loss(outs, cotangents), [p for _, p in named], allow_unused=True)
+    pairs = ((n, g) for (n, _), g in zip(named, grads, strict=True) if g is not None)
+    return [o.detach().cpu() for o in outs], cpu_copies(pairs)
+
+
+def holding(module: nn.Module, weights: Tensors) -> nn.Module:
+    """A copy of the eager ``module`` whose parameters hold ``weights`` (one name per tied
+    group: writing it writes every name of the tie)."""
+    twin = copy.deepcopy(module)
+    with torch.no_grad():
+        for name, value in weights.items():
+            p = twin.get_parameter(name)
+            p.copy_(value.to(p.device, p.dtype))
+    return twin
+
+
+def summed(parts: list[Tensors]) -> Tensors:
+    """Per name, the sum of the tensors of ``parts`` (every part names the same tensors)."""
+    return {n: sum((p[n] for p in parts[1:]), parts[0][n].clone()) for n in parts[0]}

@@ -1,0 +1,42 @@
+"""``infer``: one forward of the Thunder module under ``torch.no_grad`` on a fresh input of
+this rank. Under no_grad Thunder compiles another computation (a forward only): it must
+still gather every sharded parameter, reduce nothing, and hand back a result that needs no
+gradient."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from conformance.checks.record import ScenarioRecord
+from conformance.checks.traces import FinalTraces
+from conformance.rank.build import Recipe, Reference
+from conformance.rank.scenarios.beside import AFTER_TRAINING, Eager
+from conformance.rank.train import float32_input, generator
+
+
+def infer(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) -> ScenarioRecord:
+    """Run and record the no_grad forward, and the trace Thunder compiled for it (read right
+    after the call: ``thunder.last_traces`` names the last computation that ran)."""
+    import thunder
+
+    eager = Eager.beside(recipe, reference, tm)
+    x = recipe.fixture.make_input(generator(AFTER_TRAINING, rank), recipe.dtype).to(recipe.device)
+    try:
+        with torch.no_grad():
+            out = tm(x)
+    except Exception as exc:  # Thunder's own call: its refusal is a finding, not the end of the cell
+        return ScenarioRecord("infer", error=f"{type(exc).__name__}: {exc}")
+    trace = thunder.last_traces(tm)[-1]
+    with torch.no_grad():
+        expected = eager.module(x)
+        golden = eager.golden(float32_input(x)) if eager.golden is not None else None
+    return ScenarioRecord(
+        "infer",
+        output=out.detach().cpu(),
+        requires_grad=bool(out.requires_grad),
+        reference_output=expected.detach().cpu(),
+        golden_output=None if golden is None else golden.detach().cpu(),
+        traces=FinalTraces(trace, None),
+    )
