@@ -638,6 +638,54 @@ def no_grad_ignored() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def second_shape_gradients_not_averaged() -> Iterator[None]:
+    """A computation Thunder compiles for an input shape the module has not seen before
+    reduce-scatters its gradients without averaging them over the ranks: the first shape's
+    computation (every training step) is right."""
+    import contextvars
+    import weakref
+
+    import torch
+    from thunder.core import transforms
+    from thunder.core.module import ThunderModule
+    from thunder.distributed.prims import DistributedReduceOps, PrimIDs, reduce_scatter
+
+    recompiling = contextvars.ContextVar("recompiling", default=False)
+    first_shapes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    original_forward = ThunderModule.forward
+    original_backward = transforms.backward_impls[PrimIDs.SYNCHRONIZE]
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+        token = recompiling.set(first_shapes.setdefault(self, shapes) != shapes)
+        try:
+            return original_forward(self, *args, **kwargs)
+        finally:
+            recompiling.reset(token)
+
+    def backward(distparallel_type: Any, group: Any, grad: Any) -> Any:  # runs while Thunder traces
+        if recompiling.get():
+            return reduce_scatter(grad, DistributedReduceOps.SUM, group, do_async=True).wait(), None
+        return original_backward(distparallel_type, group, grad)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ThunderModule, "forward", forward)
+        mp.setitem(transforms.backward_impls, PrimIDs.SYNCHRONIZE, backward)
+        yield
+
+
+@contextlib.contextmanager
+def no_sync_never_ends() -> Iterator[None]:
+    """Leaving ``no_sync()`` forgets to reset the skip flag: every later step also skips the
+    gradient sync (the micro-step meant to sync runs the skipped computation too)."""
+    import thunder.distributed
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(thunder.distributed, "reset_skip_data_parallel_grad_sync", lambda token: None)
+        yield
+
+
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     f.__name__: f
     for f in (
@@ -671,6 +719,8 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         collective_order_by_rank,
         frozen_parameters_trained,
         no_grad_ignored,
+        second_shape_gradients_not_averaged,
+        no_sync_never_ends,
     )
 }
 

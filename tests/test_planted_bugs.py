@@ -36,6 +36,8 @@ ZERO3_REAL: Pred = lambda cell: cell.sharding == "zero3" and REAL(cell)  # noqa:
 BUCKETED: Pred = lambda cell: cell.bucketing != "none"  # noqa: E731
 FROZEN: Pred = lambda cell: cell.model == "lora"  # noqa: E731 (a model with frozen parameters)
 INFER: Pred = lambda cell: cell.scenario == "infer"  # noqa: E731
+RESHAPE: Pred = lambda cell: cell.scenario == "reshape"  # noqa: E731
+ACCUMULATE: Pred = lambda cell: cell.scenario == "accumulate"  # noqa: E731
 FROZEN_JIT_FSDP: Pred = lambda cell: FROZEN(cell) and cell.composition == "jit_fsdp"  # noqa: E731
 
 # bug -> {area: (must fail, may fail, words every must-fail message contains: a string, or
@@ -111,6 +113,12 @@ EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
     },
     # inference after training: the result of a forward under no_grad asks for a gradient
     "no_grad_ignored": {"numerics": (INFER, NONE, "output under no_grad needs no gradient")},
+    # only the computation compiled for the second input shape is wrong: training conforms
+    "second_shape_gradients_not_averaged": {"numerics": (RESHAPE, NONE, "gradients at the second input shape [")},
+    # the pin loses the skipped micro-steps' gradients (an xfails entry names exactly that);
+    # with the sync never resumed the last micro-step's are lost too: a failure the entry
+    # does not explain
+    "no_sync_never_ends": {"numerics": (ACCUMULATE, NONE, "gradients accumulated over 2 micro-steps [")},
 }
 
 # bug -> the ci cells it runs on instead of the smoke profile: the first ones that take its
@@ -125,6 +133,8 @@ ON_CI: dict[str, tuple[Pred, ...]] = {
     "zero3_originals_kept": (ZERO3_REAL, lambda c: REAL(c) and c.sharding == "zero2"),
     "bucketed_gradients_not_averaged": (BUCKETED, lambda c: not BUCKETED(c)),
     "no_grad_ignored": (INFER, lambda c: not INFER(c)),
+    "second_shape_gradients_not_averaged": (RESHAPE, lambda c: not RESHAPE(c)),
+    "no_sync_never_ends": (ACCUMULATE, lambda c: not ACCUMULATE(c)),
     "frozen_parameters_trained": (
         lambda c: FROZEN(c) and c.composition == "fsdp_jit",
         FROZEN_JIT_FSDP,

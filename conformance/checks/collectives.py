@@ -125,7 +125,7 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
     found.equal("forward all-gathered bytes", _out_bytes(symbols["forward"]["all_gather"]), gathered_bytes)
     record = getattr(run, "scenario", None)
     if record is not None and record.traces is not None:  # none where Thunder raised: numerics says so
-        _scenario(found, record, expected, alternatives, gathered_bytes)
+        judge_scenario(found, record, expected, alternatives, gathered_bytes)
     return found
 
 
@@ -148,7 +148,7 @@ def scenario_counts(scenario: str, expected: dict[str, dict[str, int]]) -> dict[
     return {"forward": ("second shape forward", forward), "backward": ("second shape backward", backward)}
 
 
-def _scenario(
+def judge_scenario(
     found: Findings,
     record: Any,
     expected: dict[str, dict[str, int]],

@@ -77,7 +77,7 @@ def check(run: CellRecord) -> Findings:
         before = step.after
 
     if run.scenario is not None:
-        _scenario(found, run.scenario, run.dtype)
+        judge_scenario(found, run.scenario, run.dtype)
 
     # Tied names must resolve to one parameter: one shard, one gradient, one update.
     for group in tie_groups(run.reference):
@@ -95,7 +95,7 @@ PHRASES = {
 }
 
 
-def _scenario(found: Findings, record: ScenarioRecord, dtype: torch.dtype) -> None:
+def judge_scenario(found: Findings, record: ScenarioRecord, dtype: torch.dtype) -> None:
     """What the cell's scenario did after training, against eager PyTorch holding the Thunder
     module's own weights: its output and gradients with the same tolerances as a training
     step's (below float32, from that eager model's float32 twin); under no_grad, a result

@@ -1,0 +1,109 @@
+"""The checks of the scenarios after training (conformance/rank/scenarios/), on records built
+here: what each must find, named as an xfails entry can pin it, and what it must pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.checks.collectives import expected_counts, scenario_counts
+from conformance.checks.findings import Findings
+from conformance.checks.numerics import judge_scenario
+from conformance.checks.record import ScenarioRecord
+from fixtures.models import MLP, LoRA
+
+WHAT = "gradients accumulated over 2 micro-steps"
+
+
+def _grads(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(5, 3, generator=gen), "b": torch.randn(5, generator=gen)}
+
+
+def _accumulated(grads: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> ScenarioRecord:
+    """An accumulate record whose eager micro-steps are ``_grads(0)`` and ``_grads(1)``,
+    Thunder's gradients ``grads``; below float32, the twin holds the float32 values."""
+    first, last = _grads(0), _grads(1)
+    total = {n: first[n] + last[n] for n in first}
+    low = dtype != torch.float32
+
+    def cast(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {n: v.to(dtype) for n, v in t.items()}
+
+    return ScenarioRecord(
+        "accumulate",
+        grads=cast(grads),
+        reference_grads=cast(total),
+        golden_grads=total if low else None,
+        alternatives={
+            "the last micro-step's alone": (cast(last), last if low else None),
+            "the skipped micro-steps' alone": (cast(first), first if low else None),
+        },
+    )
+
+
+def _judged(record: ScenarioRecord, dtype: torch.dtype = torch.float32) -> Findings:
+    found = Findings()
+    judge_scenario(found, record, dtype)
+    return found
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_accumulated_gradients_equal_to_the_sum_pass(dtype: torch.dtype) -> None:
+    total = {n: _grads(0)[n] + _grads(1)[n] for n in _grads(0)}
+    assert _judged(_accumulated(total, dtype), dtype).failures == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("which", ["the last micro-step's alone", "the skipped micro-steps' alone"])
+def test_a_lost_micro_step_is_named(dtype: torch.dtype, which: str) -> None:
+    grads = _grads(1) if which.startswith("the last") else _grads(0)
+    assert _judged(_accumulated(grads, dtype), dtype).failures == [f"{WHAT}: equal {which}"]
+
+
+def test_gradients_off_by_one_percent_fail_per_tensor() -> None:
+    off = {n: (_grads(0)[n] + _grads(1)[n]) * 1.01 for n in _grads(0)}
+    failures = _judged(_accumulated(off)).failures
+    assert sorted(f.split(":")[0] for f in failures) == [f"{WHAT} [b]", f"{WHAT} [w]"]
+
+
+def test_what_thunder_produced_wrong_is_a_finding_not_a_crash() -> None:
+    total = {n: _grads(0)[n] + _grads(1)[n] for n in _grads(0)}
+    broken = {"w": torch.full((5, 3), float("nan")), "b": total["b"][:4]}
+    failures = _judged(_accumulated(broken)).failures
+    assert {f.split(":")[0] for f in failures} == {f"{WHAT} [w]", f"{WHAT} [b]"}
+    missing = _judged(_accumulated({"w": total["w"]})).failures
+    assert missing == [f"{WHAT} [b]: missing"]
+
+
+def test_what_thunder_raised_names_its_kind_first() -> None:
+    failures = _judged(ScenarioRecord("reshape", error="RuntimeError: no")).failures
+    assert failures == ["output at the second input shape: Thunder raised RuntimeError\nRuntimeError: no"]
+
+
+def test_a_no_grad_output_that_asks_for_a_gradient_fails() -> None:
+    out = torch.ones(2, 3)
+    record = ScenarioRecord("infer", output=out, reference_output=out, requires_grad=True)
+    assert [f.split(":")[0] for f in _judged(record).failures] == ["output under no_grad needs no gradient"]
+
+
+@pytest.mark.parametrize("model", [MLP, LoRA], ids=["mlp", "lora"])
+@pytest.mark.parametrize("sharding", ["zero2", "zero3"])
+def test_scenario_counts_follow_from_the_training_expectation(model: type, sharding: str) -> None:
+    module = model()
+    trained = expected_counts(module, sharding, "none")
+    storages = len({p.data_ptr() for p in module.parameters()})
+    trainable = len({p.data_ptr() for p in module.parameters() if p.requires_grad})
+    assert trained["forward"]["all_gather"] == storages and trained["backward"]["reduce_scatter"] == trainable
+    regather = storages if sharding == "zero3" else 0
+    # under no_grad: the training forward's gathers, nothing reduced, no backward at all
+    assert scenario_counts("infer", trained) == {
+        "forward": ("no_grad forward", {"all_gather": storages, "reduce_scatter": 0, "all_reduce": 0})
+    }
+    # a skipped sync gathers as training does and reduces nothing
+    skipped = scenario_counts("accumulate", trained)
+    assert skipped["forward"] == ("no_sync forward", trained["forward"])
+    assert skipped["backward"] == ("no_sync backward", {"all_gather": regather, "reduce_scatter": 0, "all_reduce": 0})
+    # a second input shape changes no count
+    reshaped = scenario_counts("reshape", trained)
+    assert {phase: counts for phase, (_, counts) in reshaped.items()} == trained
