@@ -686,6 +686,44 @@ def no_sync_never_ends() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def buffers_not_broadcast() -> Iterator[None]:
+    """FSDP's ``broadcast_from`` broadcasts the parameters but not the buffers: ranks that
+    built the model from other weights keep their own buffers."""
+    import torch
+    import torch.distributed as dist
+
+    original = dist.broadcast
+
+    def broadcast(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(tensor, torch.nn.Parameter):
+            return original(tensor, *args, **kwargs)
+        return None  # async_op=False: nothing to wait for
+
+    def patch(transform: Any, model: Any) -> None:
+        dist.broadcast = broadcast
+
+    def unpatch(transform: Any, model: Any) -> None:
+        dist.broadcast = original
+
+    try:
+        with _around_transform_module(before=patch, after=unpatch):
+            yield
+    finally:
+        dist.broadcast = original
+
+
+@contextlib.contextmanager
+def module_init_draws_per_rank() -> Iterator[None]:
+    """Module init seeds each rank's generator by its rank before drawing: every shard is
+    still a valid draw, but a replicated buffer drawn at random differs from rank to rank."""
+    import torch
+    import torch.distributed as dist
+
+    with _during_module_init(lambda tm, mp: torch.manual_seed(4242 + dist.get_rank())):
+        yield
+
+
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     f.__name__: f
     for f in (
@@ -721,6 +759,8 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         no_grad_ignored,
         second_shape_gradients_not_averaged,
         no_sync_never_ends,
+        buffers_not_broadcast,
+        module_init_draws_per_rank,
     )
 }
 

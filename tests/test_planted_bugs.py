@@ -38,6 +38,8 @@ FROZEN: Pred = lambda cell: cell.model == "lora"  # noqa: E731 (a model with fro
 INFER: Pred = lambda cell: cell.scenario == "infer"  # noqa: E731
 RESHAPE: Pred = lambda cell: cell.scenario == "reshape"  # noqa: E731
 ACCUMULATE: Pred = lambda cell: cell.scenario == "accumulate"  # noqa: E731
+RANDOM_BUFFER: Pred = lambda cell: cell.model == "root_owned"  # noqa: E731 (a buffer drawn at random)
+BROADCAST: Pred = lambda cell: INITS[cell.init].broadcast  # noqa: E731
 FROZEN_JIT_FSDP: Pred = lambda cell: FROZEN(cell) and cell.composition == "jit_fsdp"  # noqa: E731
 
 # bug -> {area: (must fail, may fail, words every must-fail message contains: a string, or
@@ -119,6 +121,16 @@ EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
     # with the sync never resumed the last micro-step's are lost too: a failure the entry
     # does not explain
     "no_sync_never_ends": {"numerics": (ACCUMULATE, NONE, "gradients accumulated over 2 micro-steps [")},
+    # replicated buffers that differ from rank to rank: only a model with a random buffer shows
+    # it; the ranks then train different functions, which numerics may see too
+    "buffers_not_broadcast": {
+        "materialization": (lambda c: BROADCAST(c) and RANDOM_BUFFER(c), NONE, "buffers on every rank"),
+        "numerics": (NONE, lambda c: BROADCAST(c) and RANDOM_BUFFER(c), ""),
+    },
+    "module_init_draws_per_rank": {
+        "materialization": (lambda c: MODULE_INIT(c) and RANDOM_BUFFER(c), NONE, "buffers on every rank"),
+        "numerics": (NONE, lambda c: MODULE_INIT(c) and RANDOM_BUFFER(c), ""),
+    },
 }
 
 # bug -> the ci cells it runs on instead of the smoke profile: the first ones that take its
@@ -135,6 +147,14 @@ ON_CI: dict[str, tuple[Pred, ...]] = {
     "no_grad_ignored": (INFER, lambda c: not INFER(c)),
     "second_shape_gradients_not_averaged": (RESHAPE, lambda c: not RESHAPE(c)),
     "no_sync_never_ends": (ACCUMULATE, lambda c: not ACCUMULATE(c)),
+    "buffers_not_broadcast": (
+        lambda c: BROADCAST(c) and RANDOM_BUFFER(c),
+        lambda c: BROADCAST(c) and not RANDOM_BUFFER(c),
+    ),
+    "module_init_draws_per_rank": (
+        lambda c: MODULE_INIT(c) and RANDOM_BUFFER(c),
+        lambda c: MODULE_INIT(c) and not RANDOM_BUFFER(c),
+    ),
     "frozen_parameters_trained": (
         lambda c: FROZEN(c) and c.composition == "fsdp_jit",
         FROZEN_JIT_FSDP,

@@ -185,6 +185,36 @@ def expectations(build: Callable[[], nn.Module]) -> dict[str, Expectation]:
     return out
 
 
+def buffer_expectations(build: Callable[[], nn.Module]) -> dict[str, Expectation]:
+    """For every buffer the model ``build`` makes that eager draws at random (two fresh builds
+    with different seeds differ), what module init must draw: held, like a parameter no
+    registry entry knows, to a fresh draw (not constant; a two-sample KS test). A buffer
+    eager computes (rotary caches) is deterministic: Thunder's must equal eager's, which is
+    not an expectation here."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(FRESH_SEEDS[0])
+        fresh = build()
+        torch.manual_seed(FRESH_SEEDS[1])
+        again = dict(build().named_buffers())
+    out = {}
+    for name, value in fresh.named_buffers():
+        other = again.get(name)
+        if not value.is_floating_point() or other is None or torch.equal(value, other):
+            continue
+        owner = fresh.get_submodule(name.rpartition(".")[0])
+        out[name] = Expectation(
+            name,
+            tuple(value.shape),
+            fits=[],
+            others=[],
+            empirical="random",
+            owner=f"{type(owner).__name__}'s construction",
+            fresh=value.detach().clone(),
+            fresh_constant=bool(value.numel() and (value == value.flatten()[0]).all()),
+        )
+    return out
+
+
 def _fallback_draws(
     modules: dict[str, nn.Module], owners: list[tuple[str, str]], built: torch.Tensor, rebuilt: torch.Tensor
 ) -> tuple[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -8,7 +8,10 @@ fresh values, so those are held to what each parameter's module draws in eager P
 value within the bounds of its distribution (uniform: [lo, hi]; normal: mean ± 6.5·std;
 constants exactly), finite, a random tensor not constant, a one-sample Kolmogorov-Smirnov test
 where the tensor is large enough; a tied weight drawn like the owner eager keeps; and the
-ranks' shards of a random tensor not copies of one another.
+ranks' shards of a random tensor not copies of one another. A buffer eager draws at random
+is drawn by module init too (held to a fresh draw: not constant, a two-sample KS test);
+every other buffer equals eager's; and every buffer, replicated rather than sharded, holds
+the same value on every rank.
 """
 
 from __future__ import annotations
@@ -36,7 +39,14 @@ def check(run: CellRecord) -> Findings:
         found.close("initial parameters", setup.initial, setup.reference_initial, rtol=0.0, atol=0.0)
     else:
         _like_module_init(run, found)
-    found.close("buffers", setup.buffers, setup.reference_buffers, rtol=0.0, atol=0.0)
+    # module init draws the buffers eager draws at random (held to a fresh draw, like a
+    # parameter); every other buffer must be eager's, bit for bit
+    drawn = {} if run.init.values_from_reference else _buffer_draws(run, found)
+    kept = {n: t for n, t in setup.buffers.items() if n not in drawn}
+    eager = {n: t for n, t in setup.reference_buffers.items() if n not in drawn}
+    found.close("buffers", kept, eager, rtol=0.0, atol=0.0)
+    with found.expect("buffers on every rank"):
+        assert not setup.buffers_unlike_rank0, f"differ from rank 0's: {setup.buffers_unlike_rank0}"
     with found.expect("trainable parameters"):
         # a frozen parameter must stay frozen (and a trainable one trainable) through sharding
         # and materialization: eager's requires_grad, name by name
@@ -77,6 +87,19 @@ def _like_module_init(run: CellRecord, found: Findings) -> None:
     found.metrics["initial parameters normal bound (z)"] = draws.Z
     found.metrics["initial shards: pairs of ranks compared"] = compared
     found.metrics["initial shards: pairs too small to compare"] = too_small
+
+
+def _buffer_draws(run: CellRecord, found: Findings) -> dict[str, draws.Expectation]:
+    """The buffers eager draws at random, each held to a fresh draw of it."""
+    fixture = fixture_for(run.cell.model, run.cell.spec)
+    expected = draws.buffer_expectations(lambda: fixture.build(run.cell.tie == "tied"))
+    for name, exp in expected.items():
+        with found.expect(f"initial buffers [{name}]"):
+            reference = run.setup.reference_buffers.get(name)
+            dtype = reference.dtype if reference is not None else run.dtype
+            failure, _ = draws.check_values(run.setup.buffers.get(name), exp, dtype)
+            assert failure is None, failure
+    return expected
 
 
 def reset_error(cell: Cell, exc: BaseException | None) -> Findings:

@@ -30,7 +30,10 @@ class SetupRecord:
     initial: Tensors  # full parameters, gathered from the shards
     reference_initial: Tensors  # the eager reference's parameters
     buffers: Tensors  # the Thunder module's buffers
-    reference_buffers: Tensors
+    reference_buffers: Tensors  # the eager reference's, as built (before it adopts any of Thunder's)
+    # buffers whose value on this rank differs from rank 0's (a buffer is replicated, never
+    # sharded: every rank must compute with the same one)
+    buffers_unlike_rank0: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

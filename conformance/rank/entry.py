@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from conformance.checks import draws
 from conformance.checks.findings import CellResult, judged
 from conformance.checks.record import CellRecord, MemoryRecord, SetupRecord, StateDictRecord
 from conformance.checks.registry import AREAS, applies
@@ -96,18 +97,29 @@ def record_setup(parts: Recipe, reference: Reference, tm: Any) -> SetupRecord:
     (module init), the reference adopts them so that the steps can be compared."""
     placement = {n: str(t.device) for n, t in (*tm.named_parameters(), *tm.named_buffers())}
     buffers = cpu_copies(tm.named_buffers())
+    on_ranks: list[dict[str, torch.Tensor]] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(on_ranks, buffers)  # a few small tensors: shapes may differ, a broadcast could not
     setup = SetupRecord(
         placement=placement,
         initial=gather(tm, reference.shapes),
         reference_initial=reference.initial,
         buffers=buffers,
         reference_buffers=cpu_copies(reference.module.named_buffers()),
+        buffers_unlike_rank0=sorted(n for n, t in buffers.items() if not _same(t, on_ranks[0].get(n))),
     )
     if not parts.init.values_from_reference:
         with torch.no_grad():
             for n, p in reference.module.named_parameters():
                 p.copy_(setup.initial[n])
+            # buffers eager draws at random were drawn by Thunder too (checked by materialization)
+            for n in draws.buffer_expectations(parts.make):
+                if n in buffers and buffers[n].shape == reference.module.get_buffer(n).shape:
+                    reference.module.get_buffer(n).copy_(buffers[n])
     return setup
+
+
+def _same(a: torch.Tensor, b: torch.Tensor | None) -> bool:
+    return b is not None and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
 
 
 def round_trip_state_dict(parts: Recipe, reference: Reference, tm: Any) -> StateDictRecord:
