@@ -49,6 +49,7 @@ phase allocates (``dataflow.py``), reported beside the measurement.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -151,7 +152,7 @@ def terms(run: CellRecord | SimulatedRecord) -> Terms:
     gradient_shards = shard_bytes(reference, world, device, trainable_only=True)
     return Terms(
         shards=shard_bytes(reference, world, device),
-        buffers=allocations((b.nbytes for b in reference.buffers()), device),
+        buffers=allocations(_counted(reference.buffers()), device),
         unsharded=allocations((padded_bytes(p, world) for p in distinct_storages(reference).values()), device),
         gradient_shards=gradient_shards,
         # exp_avg and exp_avg_sq: one allocation each per trainable shard. The 0-d step
@@ -169,7 +170,7 @@ def _handed_over_bytes(run: CellRecord | SimulatedRecord) -> int:
     kind, device = plan(run.cell).handed_over, run.device
     state = run.reference.state_dict()
     if kind == "original":
-        return allocations((t.nbytes for t in state.values()), device)
+        return allocations(_counted(state.values()), device)
     if kind == "transformed":
         duplicates = tied_duplicates(run.reference)
         params = {n for n, _ in run.reference.named_parameters()}
@@ -177,9 +178,15 @@ def _handed_over_bytes(run: CellRecord | SimulatedRecord) -> int:
         return sum(
             piece_bytes(padded_bytes(t, world), world, device) if n in params else allocated_bytes(t.nbytes, device)
             for n, t in state.items()
-            if n not in duplicates
+            if n not in duplicates and t.dim()  # a 0-d entry is counted apart, as the census does
         )
     return 0
+
+
+def _counted(tensors: Iterable[torch.Tensor]) -> Iterator[int]:
+    """Bytes of each tensor the census sums: 0-d ones (a BatchNorm's batch count) are counted
+    apart, never summed (``rank/measure.census``)."""
+    return (t.nbytes for t in tensors if t.dim())
 
 
 def check(run: CellRecord) -> Findings:

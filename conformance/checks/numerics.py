@@ -65,12 +65,21 @@ def check(run: CellRecord) -> Findings:
             "output": ({"output": step.output}, {"output": step.reference_output}, _output(step.golden_output)),
             "gradients": (step.grads, step.reference_grads, step.golden_grads),
             "parameters": (step.after.thunder, step.after.reference, step.after.golden),
+            # what the forward made of this rank's buffers (running statistics): from this
+            # rank's micro-batches alone
+            "buffers": (step.buffers, step.reference_buffers, step.golden_buffers),
         }
+        # below float32, what the parameters' drift so far makes of this step's output and
+        # gradients (the twin at Thunder's weights against the twin at its own): allowed on top
+        allowed: dict[str, Tensors | None] = {"parameters": drift}
+        if low:
+            allowed["output"] = drift_effect(_output(step.twin_at_thunder_output), _output(step.golden_output))
+            allowed["gradients"] = drift_effect(step.twin_at_thunder_grads, step.golden_grads)
         for kind, (actual, expected, golden) in kinds.items():
             if kind in failed:
                 continue
             what = f"{kind} at step {k} ({step.optimizer})"
-            if not _compare(found, what, actual, expected, golden, run.dtype, drift if kind == "parameters" else None):
+            if not _compare(found, what, actual, expected, golden, run.dtype, allowed.get(kind)):
                 failed.add(kind)
         if low and "update" not in failed and not _update(found, k, phase, before, run.dtype, moved):
             failed.add("update")
@@ -211,15 +220,30 @@ def _as_whole(
     return len(found.failures) == failures
 
 
+def drift_effect(at_thunder: Tensors | None, golden: Tensors | None) -> Tensors | None:
+    """Per name and element, how far the twin's result at the Thunder module's weights sits
+    from the twin's at its own: what the weights' drift (allowed) makes of the result."""
+    if at_thunder is None or golden is None:
+        return None
+    return {
+        n: (t.double() - golden[n].double()).abs()
+        for n, t in at_thunder.items()
+        if n in golden and t.shape == golden[n].shape and t.is_floating_point()
+    }
+
+
 def gradient_allowance(step: StepRecord, n: str, dtype: torch.dtype) -> torch.Tensor | None:
     """Per element, how far Thunder's gradient of ``n`` may sit from the twin's at ``step``
     as eager's does: EAGER_ERROR_FACTOR x the larger of eager's distance and the dtype's
-    rounding of the twin's gradient (None where either is missing: no allowance)."""
+    rounding of the twin's gradient, plus what the weights' drift makes of the gradient
+    (None where eager's or the twin's is missing: no allowance)."""
     g = (step.golden_grads or {}).get(n)
     e = step.reference_grads.get(n)
     if g is None or e is None or g.shape != e.shape:
         return None
-    return EAGER_ERROR_FACTOR * torch.maximum((e.double() - g.double()).abs(), rounding(g, dtype))
+    allowance = EAGER_ERROR_FACTOR * torch.maximum((e.double() - g.double()).abs(), rounding(g, dtype))
+    effect = (drift_effect(step.twin_at_thunder_grads, step.golden_grads) or {}).get(n)
+    return allowance if effect is None else allowance + effect
 
 
 def propagated(optimizer: Optimizer, phase: list[StepRecord], n: str, dtype: torch.dtype) -> torch.Tensor | None:

@@ -57,6 +57,16 @@ class StepRecord:
     after: ParametersAfter
     golden_output: torch.Tensor | None = None  # float32 twin of the reference (low-precision cells)
     golden_grads: Tensors | None = None
+    # the float32 twin's output and gradients at the weights the Thunder module held as the
+    # step began (low-precision cells): less the twin's own, what the parameters' allowed drift
+    # makes of this step's
+    twin_at_thunder_output: torch.Tensor | None = None
+    twin_at_thunder_grads: Tensors | None = None
+    # buffers after the step: this rank's Thunder module's, and what eager made of this rank's
+    # micro-batches alone (a buffer the forward updates, such as running statistics, is per rank)
+    buffers: Tensors = dataclasses.field(default_factory=dict)
+    reference_buffers: Tensors = dataclasses.field(default_factory=dict)
+    golden_buffers: Tensors | None = None
 
 
 @dataclasses.dataclass
@@ -64,6 +74,7 @@ class StateDictRecord:
     """``original_state_dict()`` after training, then a ``load_original_state_dict()`` round trip."""
 
     original: Tensors  # tm.original_state_dict() after training
+    buffers: Tensors  # the Thunder module's buffers at that point, read by the kit
     reference: Tensors  # the eager reference's state dict at the same point
     loaded: Tensors  # what was handed to load_original_state_dict (the initial parameters)
     reloaded: Tensors  # full parameters after loading, gathered from the shards

@@ -24,8 +24,7 @@ def check(run: CellRecord) -> Findings:
         missing = sorted(set(expected) - set(record.original))
         extra = sorted(set(record.original) - set(record.reference))
         assert not missing and not extra, f"missing {missing}, unexpected {extra}"
-    last = run.steps[-1].after
-    gathered = {**run.setup.buffers, **last.thunder}  # the shards, gathered by the kit
+    gathered = {**record.buffers, **run.steps[-1].after.thunder}  # the shards gathered by the kit
     on_shards = {k: v for k, v in gathered.items() if k in expected}
     found.close("original_state_dict after training", record.original, on_shards, rtol=0.0, atol=0.0)
     found.close("load_original_state_dict round trip", record.reloaded, record.loaded, rtol=0.0, atol=0.0)

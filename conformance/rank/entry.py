@@ -126,10 +126,12 @@ def round_trip_state_dict(parts: Recipe, reference: Reference, tm: Any) -> State
     """Last, as it rewrites the module's weights: ``original_state_dict()`` after training,
     then the initial weights loaded back through ``load_original_state_dict()``."""
     original = cpu_copies(tm.original_state_dict().items())
+    buffers = cpu_copies(tm.named_buffers())
     loaded = {n: t.to(parts.device) for n, t in reference.initial.items()}
     tm.load_original_state_dict({**clones(reference.module.state_dict()), **loaded})
     return StateDictRecord(
         original=original,
+        buffers=buffers,
         reference=cpu_copies(reference.module.state_dict().items()),
         loaded={n: t.cpu() for n, t in loaded.items()},
         reloaded=gather(tm, reference.shapes),

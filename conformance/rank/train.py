@@ -20,8 +20,10 @@ from torch import nn
 
 from conformance.checks.record import MEASURED_STEP, ParametersAfter, SavedTensor, StepRecord
 from conformance.checks.storages import distinct_storages
+from conformance.rank.buffers import PerRank
 from conformance.rank.build import SEED, Recipe, Reference
-from conformance.rank.gather import gather, snapshot
+from conformance.rank.eager import Tensors, eager_gradients, float32_input, holding, mean_loss
+from conformance.rank.gather import cpu_copies, gather, snapshot
 from conformance.rank.measure import Ledger, measure
 from fixtures.optimizers import OPTIMIZERS
 
@@ -71,6 +73,23 @@ class _Lockstep:
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.recipe.device)
         self.shard_twins = _shard_twins(self.reference.module, self.world, self.recipe.device)
+        # the eager models run every rank's micro-batch, each with that rank's buffers
+        self.reference_buffers = PerRank(self.reference.module, self.world)
+        self.golden_buffers = PerRank(self.golden, self.world) if self.golden is not None else None
+        self.weights = gather(self.thunder, self.reference.shapes)  # the Thunder module's, as the next step starts
+
+    def twin_at_thunder_weights(
+        self, inputs: list[torch.Tensor], cotangents: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], Tensors]:
+        """The float32 twin's outputs and gradients at the weights the Thunder module holds as
+        this step starts (upcast), each rank's micro-batch with that rank's buffers. Against
+        the twin's own (at its own weights) they are what the parameters' drift so far, which
+        the parameters' comparison allows, makes of this step's output and gradients: the
+        kit computes it rather than guessing it."""
+        assert self.golden is not None and self.golden_buffers is not None
+        twin = holding(self.golden, self.weights)
+        twin_inputs, twin_cotangents = [float32_input(x) for x in inputs], [c.float() for c in cotangents]
+        return eager_gradients(twin, twin_inputs, twin_cotangents, self.golden_buffers.clones_for(twin))
 
     def optimizers(self, make: Callable[[Any], torch.optim.Optimizer]) -> list[torch.optim.Optimizer | None]:
         """One per model, the Thunder module's first, the shard twins' last."""
@@ -89,7 +108,10 @@ class _Lockstep:
             out = tm(inputs[rank])
         if measured:
             training.saved = _saved_tensors(out)
-        ref_outs = [reference(x) for x in inputs]
+        ref_outs = []
+        for r, x in enumerate(inputs):
+            with self.reference_buffers.rank(r):
+                ref_outs.append(reference(x))
         cotangents = [
             torch.randn(o.shape, generator=generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
         ]
@@ -100,15 +122,21 @@ class _Lockstep:
             del out, loss  # the kit's last references to the forward's result
         training.held_after_backward.append(ledger.read())
         if measured:
-            training.eager_peaks.update(_eager_peaks(reference, inputs[rank], cotangents[rank], device))
-            if golden is not None:  # the float32 twin's, where the cell computes below float32
-                twin = _eager_peaks(golden, float32_input(inputs[rank]), cotangents[rank].float(), device)
+            with self.reference_buffers.rank(rank, keep=False):
+                training.eager_peaks.update(_eager_peaks(reference, inputs[rank], cotangents[rank], device))
+            if golden is not None and self.golden_buffers is not None:  # the float32 twin's, below float32
+                with self.golden_buffers.rank(rank, keep=False):
+                    twin = _eager_peaks(golden, float32_input(inputs[rank]), cotangents[rank].float(), device)
                 training.eager_peaks.update({f"float32 {k}": v for k, v in twin.items()})
         # FSDP averages gradients over ranks: the reference loss is the mean of the ranks' losses.
         mean_loss(ref_outs, cotangents).backward()
-        golden_outs = None
-        if golden is not None:
-            golden_outs = [golden(float32_input(x)) for x in inputs]
+        golden_outs = twin_at_thunder = None
+        if golden is not None and self.golden_buffers is not None:
+            twin_at_thunder = self.twin_at_thunder_weights(inputs, cotangents)
+            golden_outs = []
+            for r, x in enumerate(inputs):
+                with self.golden_buffers.rank(r):
+                    golden_outs.append(golden(float32_input(x)))
             mean_loss(golden_outs, [c.float() for c in cotangents]).backward()
         grads = gather(tm, self.reference.shapes, grads=True)
         reference_grads = snapshot(reference, grads=True)
@@ -128,6 +156,10 @@ class _Lockstep:
         with ledger.phase():
             thunder_opt.zero_grad(set_to_none=True)
         training.held_after_step.append(ledger.read(thorough=True))
+        self.reference_buffers.hold(rank)
+        if self.golden_buffers is not None:
+            self.golden_buffers.hold(rank)
+        self.weights = gather(tm, self.reference.shapes)
         training.steps.append(
             StepRecord(
                 optimizer=optimizer,
@@ -136,12 +168,17 @@ class _Lockstep:
                 grads=grads,
                 reference_grads=reference_grads,
                 after=ParametersAfter(
-                    thunder=gather(tm, self.reference.shapes),
+                    thunder=self.weights,
                     reference=snapshot(reference),
                     golden=snapshot(golden) if golden is not None else None,
                 ),
                 golden_output=None if golden_outs is None else golden_outs[rank].detach().cpu(),
                 golden_grads=golden_grads,
+                twin_at_thunder_output=None if twin_at_thunder is None else twin_at_thunder[0][rank],
+                twin_at_thunder_grads=None if twin_at_thunder is None else twin_at_thunder[1],
+                buffers=cpu_copies(tm.named_buffers()),
+                reference_buffers=cpu_copies(reference.named_buffers()),
+                golden_buffers=None if golden is None else cpu_copies(golden.named_buffers()),
             )
         )
         if measured:
@@ -204,12 +241,3 @@ def _shard_twins(module: nn.Module, world: int, device: torch.device) -> list[to
         t.grad = torch.zeros_like(t)
         twins.append(t)
     return twins
-
-
-def float32_input(x: torch.Tensor) -> torch.Tensor:
-    """An input as the float32 twin takes it (token ids stay integers)."""
-    return x.float() if x.is_floating_point() else x
-
-
-def mean_loss(outputs: list[torch.Tensor], cotangents: list[torch.Tensor]) -> torch.Tensor:
-    return sum((o * c).mean() for o, c in zip(outputs, cotangents, strict=True)) / len(outputs)

@@ -18,7 +18,7 @@ from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import final_traces
 from conformance.rank.build import Recipe, Reference
 from conformance.rank.gather import gather
-from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, eager_gradients, loss, summed
+from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, loss, summed
 from fixtures.options import MICRO_STEPS
 
 
@@ -39,8 +39,8 @@ def accumulate(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: 
         return ScenarioRecord("accumulate", error=f"{type(exc).__name__}: {exc}")
     grads = gather(tm, reference.shapes, grads=True)
     tm.zero_grad(set_to_none=True)
-    per_step = [eager_gradients(eager.module, b)[1] for b in batches]
-    golden = [eager_gradients(eager.golden, b, float32=True)[1] for b in batches] if eager.golden is not None else None
+    per_step = [batch_gradients(eager.module, b)[1] for b in batches]
+    golden = [batch_gradients(eager.golden, b, float32=True)[1] for b in batches] if eager.golden is not None else None
     return ScenarioRecord(
         "accumulate",
         grads=grads,

@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from conformance.rank.build import Recipe, Reference
-from conformance.rank.gather import cpu_copies, gather
-from conformance.rank.train import STEPS, float32_input, generator, mean_loss
+from conformance.rank.eager import eager_gradients, float32_input, holding
+from conformance.rank.gather import gather
+from conformance.rank.train import STEPS, generator
 from fixtures.optimizers import OPTIMIZERS
 
 Tensors = dict[str, torch.Tensor]
@@ -68,29 +69,11 @@ def loss(out: torch.Tensor, cotangent: torch.Tensor) -> torch.Tensor:
     return (out * cotangent).mean()
 
 
-def eager_gradients(module: nn.Module, batch: Batch, float32: bool = False) -> tuple[list[torch.Tensor], Tensors]:
-    """Eager's outputs on the rank inputs and its gradients of the ranks' averaged loss (FSDP
-    averages over ranks), by parameter name (one per tie), frozen parameters left out as
-    eager leaves them None; returned, never accumulated into the module. ``float32``: the
-    float32 twin's (token ids stay integers)."""
+def batch_gradients(module: nn.Module, batch: Batch, float32: bool = False) -> tuple[list[torch.Tensor], Tensors]:
+    """``eager_gradients`` on ``batch`` (``float32``: as the float32 twin takes it)."""
     inputs = [float32_input(x) for x in batch.inputs] if float32 else batch.inputs
     cotangents = [c.float() for c in batch.cotangents] if float32 else batch.cotangents
-    outs = [module(x) for x in inputs]
-    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-    grads = torch.autograd.grad(mean_loss(outs, cotangents), [p for _, p in named], allow_unused=True)
-    pairs = ((n, g) for (n, _), g in zip(named, grads, strict=True) if g is not None)
-    return [o.detach().cpu() for o in outs], cpu_copies(pairs)
-
-
-def holding(module: nn.Module, weights: Tensors) -> nn.Module:
-    """A copy of the eager ``module`` whose parameters hold ``weights`` (one name per tied
-    group: writing it writes every name of the tie)."""
-    twin = copy.deepcopy(module)
-    with torch.no_grad():
-        for name, value in weights.items():
-            p = twin.get_parameter(name)
-            p.copy_(value.to(p.device, p.dtype))
-    return twin
+    return eager_gradients(module, inputs, cotangents)
 
 
 def summed(parts: list[Tensors]) -> Tensors:

@@ -12,8 +12,9 @@ import torch
 from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import FinalTraces
 from conformance.rank.build import Recipe, Reference
+from conformance.rank.eager import float32_input
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Eager
-from conformance.rank.train import float32_input, generator
+from conformance.rank.train import generator
 
 
 def infer(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) -> ScenarioRecord:

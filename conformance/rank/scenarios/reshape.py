@@ -12,7 +12,7 @@ from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import final_traces
 from conformance.rank.build import Recipe, Reference
 from conformance.rank.gather import gather
-from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, eager_gradients, loss
+from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, loss
 
 
 def reshape(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) -> ScenarioRecord:
@@ -26,9 +26,9 @@ def reshape(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int
     traces = final_traces(tm)
     grads = gather(tm, reference.shapes, grads=True)
     tm.zero_grad(set_to_none=True)
-    outs, expected = eager_gradients(eager.module, batch)
+    outs, expected = batch_gradients(eager.module, batch)
     golden_outs, golden = (
-        eager_gradients(eager.golden, batch, float32=True) if eager.golden is not None else (None, None)
+        batch_gradients(eager.golden, batch, float32=True) if eager.golden is not None else (None, None)
     )
     return ScenarioRecord(
         "reshape",

@@ -1,0 +1,59 @@
+"""Eager PyTorch as the kit runs it beside the Thunder module: the loss every rank's
+micro-batch is weighed by, a copy of the reference holding given weights, and eager's
+gradients of the ranks' averaged loss, returned rather than accumulated."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from conformance.rank.buffers import PerRank
+from conformance.rank.gather import cpu_copies
+
+Tensors = dict[str, torch.Tensor]
+
+
+def float32_input(x: torch.Tensor) -> torch.Tensor:
+    """An input as the float32 twin takes it (token ids stay integers)."""
+    return x.float() if x.is_floating_point() else x
+
+
+def mean_loss(outputs: list[torch.Tensor], cotangents: list[torch.Tensor]) -> torch.Tensor:
+    """FSDP averages gradients over ranks: eager's loss is the mean of the ranks' losses."""
+    return sum((o * c).mean() for o, c in zip(outputs, cotangents, strict=True)) / len(outputs)
+
+
+def holding(module: nn.Module, weights: Tensors) -> nn.Module:
+    """A copy of the eager ``module`` whose parameters hold ``weights`` (one name per tied
+    group: writing it writes every name of the tie)."""
+    twin = copy.deepcopy(module)
+    with torch.no_grad():
+        for name, value in weights.items():
+            p = twin.get_parameter(name)
+            p.copy_(value.to(p.device, p.dtype))
+    return twin
+
+
+def eager_gradients(
+    module: nn.Module,
+    inputs: list[torch.Tensor],
+    cotangents: list[torch.Tensor],
+    buffers: PerRank | None = None,
+) -> tuple[list[torch.Tensor], Tensors]:
+    """``module``'s outputs on every rank's input (CPU copies) and its gradients of the ranks'
+    averaged loss, by parameter name (one per tie), frozen parameters left out as eager leaves
+    them None. ``buffers``: each rank's forward runs with that rank's buffers (what it makes
+    of them is kept: pass clones where it must not be)."""
+    outs = []
+    for r, x in enumerate(inputs):
+        if buffers is None:
+            outs.append(module(x))
+            continue
+        with buffers.rank(r):
+            outs.append(module(x))
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad(mean_loss(outs, cotangents), [p for _, p in named], allow_unused=True)
+    pairs = ((n, g) for (n, _), g in zip(named, grads, strict=True) if g is not None)
+    return [o.detach().cpu() for o in outs], cpu_copies(pairs)
