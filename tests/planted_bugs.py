@@ -724,6 +724,29 @@ def module_init_draws_per_rank() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def buffer_updates_dropped() -> Iterator[None]:
+    """The forward's in-place updates of buffers are lost (as when a functionalized update is
+    never written back): running statistics stay what setup made them."""
+    import torch
+    from thunder.core.module import ThunderModule
+
+    original = ThunderModule.forward
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = {n: b.detach().clone() for n, b in self.named_buffers()}
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            with torch.no_grad():
+                for n, b in self.named_buffers():
+                    b.copy_(before[n])
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ThunderModule, "forward", forward)
+        yield
+
+
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     f.__name__: f
     for f in (
@@ -761,6 +784,7 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         no_sync_never_ends,
         buffers_not_broadcast,
         module_init_draws_per_rank,
+        buffer_updates_dropped,
     )
 }
 
