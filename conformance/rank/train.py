@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import time
 from collections.abc import Callable
 from typing import Any
@@ -194,13 +195,21 @@ def train(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) 
     lockstep = _Lockstep(recipe, reference, tm, golden, rank, world)
     training = lockstep.training
     step = 0
-    for opt_name, optimizer in OPTIMIZERS.items():
-        optimizers = lockstep.optimizers(optimizer.make)
-        for _ in range(STEPS):
-            began = time.perf_counter()
-            lockstep.step(step, opt_name, optimizers)
-            training.timings[f"step{step}_s"] = time.perf_counter() - began
-            step += 1
+    # What lives before the first step (Thunder, torch, the modules) is frozen out of the
+    # collector, so that the full collection before each reading of what a step left held
+    # walks only what training made: it found the same cycles in a tenth of the time.
+    gc.collect()
+    gc.freeze()
+    try:
+        for opt_name, optimizer in OPTIMIZERS.items():
+            optimizers = lockstep.optimizers(optimizer.make)
+            for _ in range(STEPS):
+                began = time.perf_counter()
+                lockstep.step(step, opt_name, optimizers)
+                training.timings[f"step{step}_s"] = time.perf_counter() - began
+                step += 1
+    finally:
+        gc.unfreeze()
     return training
 
 
