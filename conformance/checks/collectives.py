@@ -117,7 +117,9 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
             _count(
                 found, f"{phase} {kind}s", got, expected[phase][kind], named_alternative(alternatives, phase, kind, got)
             )
-        gathered = collections.Counter(b.flat_proxy_args[0].name for b in found_in["all_gather"])
+        gathered = collections.Counter(
+            b.flat_proxy_args[0].name if b.flat_proxy_args else "(no input)" for b in found_in["all_gather"]
+        )
         twice = sorted(name for name, n in gathered.items() if n > 1)
         with found.expect(f"{phase} gathers each storage once"):
             assert not twice, f"gathered more than once: {twice}"
@@ -188,8 +190,9 @@ def _count(found: Findings, what: str, got: int, want: int, named: str | None) -
 
 
 def _out_bytes(bsyms: list[Any]) -> int:
-    """Bytes the collectives ``bsyms`` declare as their outputs."""
-    return sum(proxy_bytes(b.flat_proxy_outs[0]) for b in bsyms)
+    """Bytes the collectives ``bsyms`` declare as their outputs (one without an output adds
+    none: the byte count then falls short, a finding; the sequence names it)."""
+    return sum(proxy_bytes(b.flat_proxy_outs[0]) for b in bsyms if b.flat_proxy_outs)
 
 
 AREA = Area("collectives", check, simulated=check)
