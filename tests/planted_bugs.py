@@ -748,6 +748,28 @@ def buffer_updates_dropped() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def ddp_gradients_not_averaged() -> Iterator[None]:
+    """DDP all-reduces gradients without dividing by the world size first (the sum, not the
+    mean); FSDP's reduce-scatters are left as they are."""
+    from thunder.core import transforms
+    from thunder.core.proxies import DistParallelType
+    from thunder.distributed import get_skip_data_parallel_grad_sync
+    from thunder.distributed.prims import DistributedReduceOps, PrimIDs, all_reduce
+
+    original = transforms.backward_impls[PrimIDs.SYNCHRONIZE]
+
+    def backward(distparallel_type: Any, group: Any, grad: Any) -> Any:
+        # a skipped sync stays skipped: only the sync itself is wrong
+        if distparallel_type == DistParallelType.REPLICATED and not get_skip_data_parallel_grad_sync():
+            return all_reduce(grad, DistributedReduceOps.SUM, group, do_async=True).wait(), None
+        return original(distparallel_type, group, grad)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(transforms.backward_impls, PrimIDs.SYNCHRONIZE, backward)
+        yield
+
+
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     f.__name__: f
     for f in (
@@ -786,6 +808,7 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         buffers_not_broadcast,
         module_init_draws_per_rank,
         buffer_updates_dropped,
+        ddp_gradients_not_averaged,
     )
 }
 

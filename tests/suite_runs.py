@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -14,16 +15,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@functools.cache
 def probed_on_this_machine() -> dict[str, str]:
     """The values the pin's probe refuses on a machine without a GPU, as the front end's
-    ``unsupported`` mapping: compositions and executors that carry a probe (the legacy
-    composition, removed from Thunder; nvFuser and torch.compile, which need CUDA)."""
+    ``unsupported`` mapping: each composition and executor whose probe, asked here about the
+    CPU, gives a reason (the legacy composition, removed from Thunder; nvFuser and
+    torch.compile, which need CUDA; DDP's compositions are offered)."""
+    import torch
+
     from fixtures.compositions import COMPOSITIONS
     from fixtures.executors import EXECUTORS
 
-    probed = [n for n, c in COMPOSITIONS.items() if c.probe is not None]
-    probed += [n for n, e in EXECUTORS.items() if e.probe is not None]
-    return dict.fromkeys(probed, "probed")
+    cpu = torch.device("cpu")
+    probed = {n: v.probe for n, v in {**COMPOSITIONS, **EXECUTORS}.items() if v.probe is not None}
+    return {n: reason for n, probe in probed.items() if (reason := probe(cpu))}
 
 
 def unsupported_values(report: dict[str, Any]) -> dict[str, str]:

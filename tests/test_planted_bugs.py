@@ -40,6 +40,7 @@ RESHAPE: Pred = lambda cell: cell.scenario == "reshape"  # noqa: E731
 ACCUMULATE: Pred = lambda cell: cell.scenario == "accumulate"  # noqa: E731
 BUFFERED: Pred = lambda cell: cell.model == "root_owned"  # noqa: E731 (a random buffer, running statistics)
 BROADCAST: Pred = lambda cell: INITS[cell.init].broadcast  # noqa: E731
+DDP: Pred = lambda cell: cell.composition in ("ddp_jit", "jit_ddp")  # noqa: E731
 FROZEN_JIT_FSDP: Pred = lambda cell: FROZEN(cell) and cell.composition == "jit_fsdp"  # noqa: E731
 
 # bug -> {area: (must fail, may fail, words every must-fail message contains: a string, or
@@ -129,6 +130,9 @@ EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
     },
     # running statistics never updated: only a model whose forward updates a buffer shows it
     "buffer_updates_dropped": {"numerics": (BUFFERED, NONE, "buffers at step 0 (SGD) [norm.running_")},
+    # the sum of the ranks' gradients where DDP must average: every DDP cell's numerics (an
+    # accumulated gradient too); FSDP's cells conform
+    "ddp_gradients_not_averaged": {"numerics": (DDP, NONE, "gradients at step 0 (SGD) [")},
     "module_init_draws_per_rank": {
         "materialization": (lambda c: MODULE_INIT(c) and BUFFERED(c), NONE, "buffers on every rank"),
         "numerics": (NONE, lambda c: MODULE_INIT(c) and BUFFERED(c), ""),
@@ -150,6 +154,7 @@ ON_CI: dict[str, tuple[Pred, ...]] = {
     "second_shape_gradients_not_averaged": (RESHAPE, lambda c: not RESHAPE(c)),
     "no_sync_never_ends": (ACCUMULATE, lambda c: not ACCUMULATE(c)),
     "buffer_updates_dropped": (BUFFERED, lambda c: not BUFFERED(c) and c.model.startswith("litgpt")),
+    "ddp_gradients_not_averaged": (DDP, lambda c: DDP(c) and c.scenario == "accumulate", lambda c: not DDP(c)),
     "buffers_not_broadcast": (
         lambda c: BROADCAST(c) and BUFFERED(c),
         lambda c: BROADCAST(c) and not BUFFERED(c),

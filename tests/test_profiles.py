@@ -4,6 +4,7 @@ they are chosen by, on the pin (in a world)."""
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from conformance.matrix.profiles import (
     BOUNDARY_WORLD_SIZES,
     axis_values,
     cells,
+    pairwise_values,
+    replicated_values,
     unmet_combinations,
     unmet_pairs,
     valid,
@@ -106,7 +109,9 @@ def test_an_option_that_names_a_rank_is_tried_at_both_ends() -> None:
 @pytest.mark.parametrize("policy", [p for p in POLICIES if p != "none"])
 def test_ci_runs_every_offload_policy_with_both_compositions_real_and_meta_init_and_a_tie(policy: str) -> None:
     runnable = [c for c in RUNS if c.offload == policy]
-    assert {c.composition for c in runnable} == set(axis_values(2, PIN_UNSUPPORTED)["composition"])
+    # FSDP's compositions in the array; DDP's have cells of their own (the test below)
+    fsdp = set(pairwise_values("ci", 2, PIN_UNSUPPORTED)["composition"])
+    assert {c.composition for c in runnable} >= fsdp
     assert {INITS[c.init].on_meta for c in runnable} == {True, False}
     assert "tied" in {c.tie for c in runnable}
 
@@ -214,7 +219,7 @@ def test_ci_runs_each_scenario_beyond_training_in_a_few_cells() -> None:
     # a scenario costs a compilation per cell: ci runs each in hand-picked cells that between
     # them take both compositions, both shardings, bucketing, bfloat16 and offloading; nightly
     # and full meet every scenario pairwise and in triples like any axis
-    beyond = [c for c in RUNS if c.scenario != "train"]
+    beyond = [c for c in RUNS if c.scenario != "train" and not COMPOSITIONS[c.composition].replicated]
     assert {c.scenario for c in beyond} == set(SCENARIOS) - {"train"}
     for scenario in set(SCENARIOS) - {"train"}:
         picked = [c for c in beyond if c.scenario == scenario]
@@ -224,3 +229,23 @@ def test_ci_runs_each_scenario_beyond_training_in_a_few_cells() -> None:
         assert "bfloat16" in {c.dtype for c in picked}, scenario
         assert any(c.bucketing != "none" for c in picked) and any(c.offload != "none" for c in picked), scenario
     assert {c.scenario for c in NIGHTLY_RUNS} == set(SCENARIOS)
+
+
+def test_ddp_runs_in_cells_of_its_own() -> None:
+    # DDP's compositions are left out of the FSDP array (sharding and bucketing do not apply):
+    # ci picks cells that take both compositions, both broadcasts, bfloat16, offloading and
+    # every scenario; nightly covers every pair of the values that apply to DDP
+    ddp = [c for c in RUNS if COMPOSITIONS[c.composition].replicated]
+    assert {c.composition for c in ddp} == {"ddp_jit", "jit_ddp"}
+    assert {c.init for c in ddp} == {"real", "real_broadcast_first", "real_broadcast_last"}
+    assert {c.scenario for c in ddp} == set(SCENARIOS) and "bfloat16" in {c.dtype for c in ddp}
+    assert any(c.offload != "none" for c in ddp) and "tied" in {c.tie for c in ddp}
+    assert all((c.sharding, c.bucketing) == ("zero2", "none") for c in ddp)
+    values = replicated_values(2, PIN_UNSUPPORTED)
+    nightly = [c for c in NIGHTLY_RUNS if COMPOSITIONS[c.composition].replicated]
+    met = {frozenset(p) for c in nightly for p in itertools.combinations([(a, getattr(c, a)) for a in AXES], 2)}
+    for a, b in itertools.combinations(AXES, 2):
+        for x in values[a]:
+            for y in values[b]:
+                if valid({a: x, b: y}):
+                    assert frozenset([(a, x), (b, y)]) in met, (a, x, b, y)

@@ -6,7 +6,9 @@ one reduce-scatter per bucket of trainable storages in the backward, a re-gather
 bucket in the backward only under ZERO3, and no all-reduce anywhere. Without bucketing a
 bucket is one distinct parameter storage (a tied weight is one storage, however many names
 it has); LAYER puts the storages of one module together, BLOCK those under one numbered
-child of a module list (a transformer block), each other storage alone.
+child of a module list (a transformer block), each other storage alone. Under DDP (every
+rank holds the whole model): nothing gathered, one all-reduce per trainable storage in the
+backward (the kit asks DDP for no buckets), nothing else.
 
 A count that differs from the expected one but equals what the same cell would expect under a
 recognised alternative says so, so that an xfails entry can pin which alternative Thunder
@@ -28,6 +30,7 @@ from conformance.checks.findings import Findings
 from conformance.checks.record import CellRecord, SimulatedRecord
 from conformance.checks.storages import distinct_storages, padded_bytes
 from conformance.checks.traces import KINDS, collective_symbols, issued
+from fixtures.compositions import COMPOSITIONS
 from transforms.policies import proxy_bytes
 
 
@@ -48,9 +51,16 @@ def buckets(module: torch.nn.Module, bucketing: str, trainable_only: bool = Fals
     return out
 
 
-def expected_counts(module: torch.nn.Module, sharding: str, bucketing: str) -> dict[str, dict[str, int]]:
-    storages = len(buckets(module, bucketing))
+def expected_counts(
+    module: torch.nn.Module, sharding: str, bucketing: str, replicated: bool = False
+) -> dict[str, dict[str, int]]:
     trainable = len(buckets(module, bucketing, trainable_only=True))
+    if replicated:  # DDP: nothing gathered, one all-reduce per trainable storage (no bucketing)
+        return {
+            "forward": {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0},
+            "backward": {"all_gather": 0, "reduce_scatter": 0, "all_reduce": trainable},
+        }
+    storages = len(buckets(module, bucketing))
     return {
         "forward": {"all_gather": storages, "reduce_scatter": 0, "all_reduce": 0},
         "backward": {
@@ -69,8 +79,13 @@ ALTERNATIVES = (
 )
 
 
-def alternative_counts(module: torch.nn.Module, sharding: str, bucketing: str) -> list[tuple[str, dict]]:
-    """(annotation, counts) of each recognised alternative that differs from the cell itself."""
+def alternative_counts(
+    module: torch.nn.Module, sharding: str, bucketing: str, replicated: bool = False
+) -> list[tuple[str, dict]]:
+    """(annotation, counts) of each recognised alternative that differs from the cell itself
+    (none under DDP: sharding and bucketing do not apply)."""
+    if replicated:
+        return []
     out = []
     for annotation, alternative in ALTERNATIVES:
         alt_sharding, alt_bucketing = alternative(sharding, bucketing)
@@ -109,8 +124,9 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
     in_order = sequence(traces)
     found.metrics[SEQUENCE] = in_order
     found.metrics[f"{SEQUENCE} digest"] = hashlib.sha1("\n".join(in_order).encode()).hexdigest()[:16]
-    expected = expected_counts(run.reference, cell.sharding, cell.bucketing)
-    alternatives = alternative_counts(run.reference, cell.sharding, cell.bucketing)
+    replicated = COMPOSITIONS[cell.composition].replicated
+    expected = expected_counts(run.reference, cell.sharding, cell.bucketing, replicated)
+    alternatives = alternative_counts(run.reference, cell.sharding, cell.bucketing, replicated)
     for phase, found_in in symbols.items():
         for kind in KINDS:
             got = len(found_in[kind])
@@ -123,7 +139,8 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
         twice = sorted(name for name, n in gathered.items() if n > 1)
         with found.expect(f"{phase} gathers each storage once"):
             assert not twice, f"gathered more than once: {twice}"
-    gathered_bytes = sum(padded_bytes(p, run.cell.world_size) for p in distinct_storages(run.reference).values())
+    storages = distinct_storages(run.reference).values()
+    gathered_bytes = 0 if replicated else sum(padded_bytes(p, run.cell.world_size) for p in storages)
     found.equal("forward all-gathered bytes", _out_bytes(symbols["forward"]["all_gather"]), gathered_bytes)
     record = getattr(run, "scenario", None)
     if record is not None and record.traces is not None:  # none where Thunder raised: numerics says so

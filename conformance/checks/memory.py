@@ -70,12 +70,24 @@ from conformance.checks.storages import (
     tied_duplicates,
 )
 from conformance.matrix.plan import plan
+from fixtures.compositions import COMPOSITIONS
 
 MATERIALIZATION_COPIES = 3
 # Thunder's forward on the torch executor runs decomposed, unfused: beside each intermediate
 # eager keeps, at most one more of the same size alive (measured on the ci profile: the
 # forward's peak over the unsharded parameters is 0.4 to 2.05 x eager's float32 peak)
 ACTIVATION_FACTOR = 2
+
+
+def replicated(run: CellRecord | SimulatedRecord) -> bool:
+    """Whether every rank holds whole parameters (DDP) rather than shards."""
+    return COMPOSITIONS[run.cell.composition].replicated
+
+
+def held_world(run: CellRecord | SimulatedRecord) -> int:
+    """The number of pieces each parameter is cut in on a rank: the world size under FSDP, 1
+    (whole tensors, no padding) under DDP, where every term below holds with it."""
+    return 1 if replicated(run) else run.cell.world_size
 
 
 def largest_module_bytes(module: nn.Module, world_size: int, device: torch.device | str = "cpu") -> int:
@@ -103,7 +115,7 @@ def setup_estimate(run: CellRecord | SimulatedRecord, resident: int) -> int:
     its shard from, and keeps only the shards (``resident`` in the end: shards and buffers);
     from a transformed (already sharded) state dict only shards are made.
     """
-    world, device = run.cell.world_size, run.device
+    world, device = held_world(run), run.device
     reference = run.reference
     if run.init.on_meta:
         if plan(run.cell).materialize == "transformed":
@@ -146,14 +158,17 @@ class Terms:
 
 
 def terms(run: CellRecord | SimulatedRecord) -> Terms:
-    reference, world, device = run.reference, run.cell.world_size, run.device
+    reference, world, device = run.reference, held_world(run), run.device
     # one gradient shard per trainable storage (on CUDA a block each; views of one reduce-
     # scattered bucket round up less, so this stays an upper bound)
     gradient_shards = shard_bytes(reference, world, device, trainable_only=True)
     return Terms(
         shards=shard_bytes(reference, world, device),
         buffers=allocations(_counted(reference.buffers()), device),
-        unsharded=allocations((padded_bytes(p, world) for p in distinct_storages(reference).values()), device),
+        # what the forward's all-gathers produce: nothing where every rank holds whole parameters
+        unsharded=0
+        if replicated(run)
+        else allocations((padded_bytes(p, world) for p in distinct_storages(reference).values()), device),
         gradient_shards=gradient_shards,
         # exp_avg and exp_avg_sq: one allocation each per trainable shard. The 0-d step
         # counters: torch.optim.AdamW keeps them on the CPU unless capturable or fused
@@ -247,7 +262,7 @@ def _late_release(run: CellRecord) -> int:
     all-gather's buffers a moment after ``wait()`` returns, so the forward's peak can include
     one gathered bucket more than the trace keeps (measured: an mlp cell's forward peak 2272 or
     3232 B run to run, +960 B, the gathered fc1.weight). The largest bucket, on gloo only."""
-    if run.backend != "gloo":
+    if run.backend != "gloo" or replicated(run):  # DDP gathers nothing
         return 0
     storages = distinct_storages(run.reference)
     world = run.cell.world_size

@@ -42,7 +42,9 @@ def valid(row: dict[str, Any]) -> bool:
         inits = COMPOSITIONS[row["composition"]].inits
         if inits is not None and row["init"] not in inits:
             return False
-    return True
+    # FSDP's sharding and bucketing do not apply to DDP: its cells carry the defaults
+    replicated = "composition" in row and COMPOSITIONS[row["composition"]].replicated
+    return not (replicated and (row.get("sharding", "zero2") != "zero2" or row.get("bucketing", "none") != "none"))
 
 
 # The axes whose values the worlds probe (the Thunder under test may lack what a value needs).
@@ -75,10 +77,28 @@ def pairwise_values(profile: str, world_size: int, unsupported: Collection[str] 
     here), so ci runs each in the few cells of ``SCENARIO_CI``; nightly and full cover them
     like any other axis."""
     values = axis_values(world_size, unsupported)
+    # DDP's compositions get arrays of their own (``replicated_values``): FSDP's sharding and
+    # bucketing do not apply to them, and a constraint pinning those would bloat this array
+    values["composition"] = [c for c in values["composition"] if not COMPOSITIONS[c].replicated]
     if profile == "ci":
         # left out rather than narrowed to one value: the array (covertable's) is then the
         # one ci had before the axis, cell for cell
         del values["scenario"]
+    return values
+
+
+def replicated_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
+    """The values that apply to DDP's compositions (those the Thunder under test offers):
+    every axis's but FSDP's sharding and bucketing, which its cells carry at their defaults,
+    and the inits DDP can express. Empty compositions where it offers none."""
+    values = axis_values(world_size, unsupported)
+    values["composition"] = [c for c in values["composition"] if COMPOSITIONS[c].replicated]
+    values["sharding"], values["bucketing"] = ["zero2"], ["none"]
+    values["init"] = [
+        i
+        for i in values["init"]
+        if any(valid({"composition": c, "init": i}) for c in COMPOSITIONS if COMPOSITIONS[c].replicated)
+    ]
     return values
 
 
@@ -163,7 +183,7 @@ def _boundary_arrays(world_size: int, unsupported: Collection[str]) -> Iterator[
     """A pairwise covering array at each boundary world size other than the session's."""
     for n in BOUNDARY_WORLD_SIZES:
         if n != world_size:
-            yield from _covering(axis_values(n, unsupported))
+            yield from _covering(pairwise_values("full", n, unsupported))  # FSDP's compositions
 
 
 def _smoke(world_size: int) -> Iterator[Cell]:
@@ -204,6 +224,20 @@ SCENARIO_CI = (
         bucketing="block",
         scenario="reshape",
     ),
+)
+
+
+# ci's DDP cells: every model but the negative one and the litgpt ones (each costs a
+# compilation; litgpt once), both compositions, the broadcast from rank 0 and from the last,
+# bfloat16, offloading, and every scenario (DDP skips the sync it is told to skip: its
+# ``accumulate`` must conform where FSDP's does not)
+DDP_CI = (
+    Cell("mlp", "real", "ddp_jit"),
+    Cell("tied_lm", "real_broadcast_last", "jit_ddp", tie="tied", dtype="bfloat16"),
+    Cell("lora", "real_broadcast_first", "ddp_jit", offload="all", scenario="infer"),
+    Cell("root_owned", "real", "jit_ddp", scenario="accumulate"),
+    Cell("tie_group", "real", "ddp_jit", tie="tied", dtype="bfloat16", scenario="accumulate"),
+    Cell("litgpt_neox", "real_broadcast_first", "jit_ddp", tie="tied", scenario="reshape"),
 )
 
 
@@ -251,20 +285,28 @@ def cells(profile: str, world_size: int, unsupported: Mapping[str, str]) -> list
     if profile == "scale":
         return list(simulated.covering(unsupported))
     runs = pairwise_values(profile, world_size, unsupported)
+    ddp = replicated_values(world_size, unsupported)
     if profile == "ci":
-        at_size = (dataclasses.replace(c, world_size=world_size) for c in SCENARIO_CI)
+        at_size = (dataclasses.replace(c, world_size=world_size) for c in (*SCENARIO_CI, *DDP_CI))
         picked = (_runnable(c, unsupported) for c in (*at_size, *BOUNDARY_CI, *simulated.CI))
         selected = [*_covering(runs), *(c for c in picked if c is not None)]
     elif profile == "nightly":
         # every triple at the session's size; the boundary sizes get what full gives them
         # (a pairwise array each), which covers everything BOUNDARY_CI was picked for
+        # DDP: a pairwise array over the axes that apply to it
         selected = [
             *_covering(runs, strength=3),
+            *(_covering(ddp) if ddp["composition"] else ()),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]
     else:
-        selected = [*_full(runs), *_boundary_arrays(world_size, unsupported), *simulated.covering(unsupported)]
+        selected = [
+            *_full(runs),
+            *_full(ddp),
+            *_boundary_arrays(world_size, unsupported),
+            *simulated.covering(unsupported),
+        ]
     offered = axis_values(world_size)
     selected += [
         _stand_in(axis, value, world_size, unsupported)

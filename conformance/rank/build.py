@@ -18,7 +18,7 @@ from conformance.checks.storages import tied_duplicates
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import SetupPlan, StateDictKind, plan
 from conformance.rank import measure
-from conformance.rank.gather import clones, shard, snapshot
+from conformance.rank.gather import clones, gather, shard, snapshot
 from fixtures import inits, patterns
 from fixtures.compositions import COMPOSITIONS, Composition, Setup
 from fixtures.executors import EXECUTORS, ExecutorChoice
@@ -95,6 +95,11 @@ class Reference:
     shapes: dict[str, torch.Size]  # full shape of every parameter, one name per tied group
     initial: dict[str, torch.Tensor]  # CPU copies of its parameters as built
     setup_peak: int  # bytes eager PyTorch allocated at its peak while constructing it
+    replicated: bool = False  # the Thunder module holds whole parameters on every rank (DDP)
+
+    def gather(self, tm: Any, grads: bool = False) -> dict[str, torch.Tensor]:
+        """The Thunder module's full parameters (or gradients), by this model's names."""
+        return gather(tm, self.shapes, grads=grads, replicated=self.replicated)
 
     def kit_pointers(self) -> set[int]:
         """Storages the kit holds for the reference: not the Thunder module's to account for."""
@@ -110,6 +115,7 @@ def build_reference(recipe: Recipe) -> Reference:
         shapes={n: p.shape for n, p in module.named_parameters()},
         initial=snapshot(module),
         setup_peak=construction.peak,
+        replicated=recipe.composition.replicated,
     )
 
 
@@ -130,6 +136,9 @@ def compose(recipe: Recipe, reference: Reference) -> Composed:
     }
     if recipe.init.broadcast:
         options["broadcast_from"] = recipe.source
+    # DDP: no bucketing (one all-reduce per gradient, what the collectives check derives), and
+    # a broadcast only where the init mode asks for one (DDP's own default broadcasts rank 0)
+    ddp_options = {"bucket_size_in_mb": 0.0, "broadcast_from": recipe.source if recipe.init.broadcast else None}
     # What the kit hands over is built outside the measured block: it is the user's memory.
     state = _state_dict(recipe.plan.handed_over, reference.module, rank, world)
     materialization_init = _materialization(recipe.plan, state)
@@ -142,6 +151,7 @@ def compose(recipe: Recipe, reference: Reference) -> Composed:
             options,
             cell_transforms(recipe.cell, recipe.device),
             recipe.executors.jit_options(),
+            ddp_options,
         )
         tm = recipe.composition.build(model, how)
         if recipe.plan.load_after == "original":

@@ -22,7 +22,7 @@ from conformance.matrix.cells import Cell
 from conformance.matrix.plan import expects_reset_error
 from conformance.rank import measure
 from conformance.rank.build import Recipe, Reference, Unsupported, build_reference, compose, rank_device, recipe
-from conformance.rank.gather import clones, cpu_copies, gather
+from conformance.rank.gather import clones, cpu_copies
 from conformance.rank.scenarios import run_scenario
 from conformance.rank.simulate import run_simulated
 from conformance.rank.train import train
@@ -101,7 +101,7 @@ def record_setup(parts: Recipe, reference: Reference, tm: Any) -> SetupRecord:
     dist.all_gather_object(on_ranks, buffers)  # a few small tensors: shapes may differ, a broadcast could not
     setup = SetupRecord(
         placement=placement,
-        initial=gather(tm, reference.shapes),
+        initial=reference.gather(tm),
         reference_initial=reference.initial,
         buffers=buffers,
         reference_buffers=cpu_copies(reference.module.named_buffers()),
@@ -134,5 +134,5 @@ def round_trip_state_dict(parts: Recipe, reference: Reference, tm: Any) -> State
         buffers=buffers,
         reference=cpu_copies(reference.module.state_dict().items()),
         loaded={n: t.cpu() for n, t in loaded.items()},
-        reloaded=gather(tm, reference.shapes),
+        reloaded=reference.gather(tm),
     )

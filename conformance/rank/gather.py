@@ -32,11 +32,14 @@ def unshard(piece: torch.Tensor, full_shape: torch.Size) -> torch.Tensor:
     return torch.cat(parts)[: full_shape[0]].cpu()
 
 
-def gather(tm: Any, shapes: dict[str, torch.Size], grads: bool = False) -> dict[str, torch.Tensor]:
+def gather(
+    tm: Any, shapes: dict[str, torch.Size], grads: bool = False, replicated: bool = False
+) -> dict[str, torch.Tensor]:
     """Full parameters (or their gradients) of the Thunder module, by name. A gradient that
     no rank has (a frozen parameter's) is left out, as eager leaves it None; one that only
     some ranks have is gathered with NaN on the others, so the ranks issue the same
-    collectives either way (one all-reduce first says which)."""
+    collectives either way (one all-reduce first says which). ``replicated`` (DDP): every
+    rank holds whole tensors, so this rank's are taken as they are."""
     params = {name: tm.get_parameter(name) for name in shapes}
     present = set(shapes)
     if grads:
@@ -51,7 +54,7 @@ def gather(tm: Any, shapes: dict[str, torch.Size], grads: bool = False) -> dict[
         t = p.grad if grads else p
         if t is None:
             t = torch.full_like(p, float("nan"))
-        out[name] = unshard(t, shape)
+        out[name] = t.detach().cpu().clone() if replicated else unshard(t, shape)
     return out
 
 

@@ -24,7 +24,7 @@ from conformance.checks.storages import distinct_storages
 from conformance.rank.buffers import PerRank
 from conformance.rank.build import SEED, Recipe, Reference
 from conformance.rank.eager import Tensors, eager_gradients, float32_input, holding, mean_loss
-from conformance.rank.gather import cpu_copies, gather, snapshot
+from conformance.rank.gather import cpu_copies, snapshot
 from conformance.rank.measure import Ledger, measure
 from fixtures.optimizers import OPTIMIZERS
 
@@ -73,11 +73,13 @@ class _Lockstep:
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.recipe.device)
-        self.shard_twins = _shard_twins(self.reference.module, self.world, self.recipe.device)
+        # one optimizer-state twin per trainable storage, of the shape this rank holds
+        held_world = 1 if self.reference.replicated else self.world
+        self.shard_twins = _shard_twins(self.reference.module, held_world, self.recipe.device)
         # the eager models run every rank's micro-batch, each with that rank's buffers
         self.reference_buffers = PerRank(self.reference.module, self.world)
         self.golden_buffers = PerRank(self.golden, self.world) if self.golden is not None else None
-        self.weights = gather(self.thunder, self.reference.shapes)  # the Thunder module's, as the next step starts
+        self.weights = self.reference.gather(self.thunder)  # the Thunder module's, as the next step starts
 
     def twin_at_thunder_weights(
         self, inputs: list[torch.Tensor], cotangents: list[torch.Tensor]
@@ -139,7 +141,7 @@ class _Lockstep:
                 with self.golden_buffers.rank(r):
                     golden_outs.append(golden(float32_input(x)))
             mean_loss(golden_outs, [c.float() for c in cotangents]).backward()
-        grads = gather(tm, self.reference.shapes, grads=True)
+        grads = self.reference.gather(tm, grads=True)
         reference_grads = snapshot(reference, grads=True)
         golden_grads = None if golden is None else snapshot(golden, grads=True)
         thunder_opt = optimizers[0]
@@ -160,7 +162,7 @@ class _Lockstep:
         self.reference_buffers.hold(rank)
         if self.golden_buffers is not None:
             self.golden_buffers.hold(rank)
-        self.weights = gather(tm, self.reference.shapes)
+        self.weights = self.reference.gather(tm)
         training.steps.append(
             StepRecord(
                 optimizer=optimizer,

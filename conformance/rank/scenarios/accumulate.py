@@ -17,8 +17,7 @@ from typing import Any
 from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import final_traces
 from conformance.rank.build import Recipe, Reference
-from conformance.rank.gather import gather
-from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, loss, summed
+from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, loss, scaled, summed
 from fixtures.options import MICRO_STEPS
 
 
@@ -37,7 +36,7 @@ def accumulate(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: 
         loss(tm(last.inputs[rank]), last.cotangents[rank]).backward()
     except Exception as exc:  # Thunder's own call: its refusal is a finding, not the end of the cell
         return ScenarioRecord("accumulate", error=f"{type(exc).__name__}: {exc}")
-    grads = gather(tm, reference.shapes, grads=True)
+    grads = reference.gather(tm, grads=True)
     tm.zero_grad(set_to_none=True)
     per_step = [batch_gradients(eager.module, b)[1] for b in batches]
     golden = [batch_gradients(eager.golden, b, float32=True)[1] for b in batches] if eager.golden is not None else None
@@ -49,6 +48,11 @@ def accumulate(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: 
         alternatives={
             "the last micro-step's alone": (per_step[-1], None if golden is None else golden[-1]),
             "the skipped micro-steps' alone": (summed(per_step[:-1]), None if golden is None else summed(golden[:-1])),
+            # the sync on leaving no_sync summing the ranks' stashed gradients, not averaging them
+            "the skipped micro-steps' summed over the ranks, not averaged": (
+                summed([per_step[-1], *(scaled(g, world) for g in per_step[:-1])]),
+                None if golden is None else summed([golden[-1], *(scaled(g, world) for g in golden[:-1])]),
+            ),
         },
         traces=traces,
     )

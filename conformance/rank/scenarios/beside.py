@@ -14,7 +14,6 @@ from torch import nn
 
 from conformance.rank.build import Recipe, Reference
 from conformance.rank.eager import eager_gradients, float32_input, holding
-from conformance.rank.gather import gather
 from conformance.rank.train import STEPS, generator
 from fixtures.optimizers import OPTIMIZERS
 
@@ -33,7 +32,7 @@ class Eager:
 
     @classmethod
     def beside(cls, recipe: Recipe, reference: Reference, tm: Any) -> Eager:
-        module = holding(reference.module, gather(tm, reference.shapes))
+        module = holding(reference.module, reference.gather(tm))
         golden = copy.deepcopy(module).float() if recipe.dtype != torch.float32 else None  # .float() is in place
         return cls(module, golden)
 
@@ -79,3 +78,7 @@ def batch_gradients(module: nn.Module, batch: Batch, float32: bool = False) -> t
 def summed(parts: list[Tensors]) -> Tensors:
     """Per name, the sum of the tensors of ``parts`` (every part names the same tensors)."""
     return {n: sum((p[n] for p in parts[1:]), parts[0][n].clone()) for n in parts[0]}
+
+
+def scaled(part: Tensors, factor: float) -> Tensors:
+    return {n: t * factor for n, t in part.items()}

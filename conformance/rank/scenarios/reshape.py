@@ -11,7 +11,6 @@ from typing import Any
 from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import final_traces
 from conformance.rank.build import Recipe, Reference
-from conformance.rank.gather import gather
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, loss
 
 
@@ -24,7 +23,7 @@ def reshape(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int
     except Exception as exc:  # Thunder's own call: its refusal is a finding, not the end of the cell
         return ScenarioRecord("reshape", error=f"{type(exc).__name__}: {exc}")
     traces = final_traces(tm)
-    grads = gather(tm, reference.shapes, grads=True)
+    grads = reference.gather(tm, grads=True)
     tm.zero_grad(set_to_none=True)
     outs, expected = batch_gradients(eager.module, batch)
     golden_outs, golden = (
