@@ -52,6 +52,14 @@ class PerRank:
                 self.sets[r] = self._bound()  # updated in place, or rebound by the forward
             self._bind(self.sets[r])
 
+    def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The module on every rank's input, each with that rank's buffers (kept)."""
+        outs = []
+        for r, x in enumerate(inputs):
+            with self.rank(r):
+                outs.append(self.module(x))
+        return outs
+
     def hold(self, r: int) -> None:
         """Leave the model holding rank ``r``'s buffers."""
         self._bind(self.sets[r])

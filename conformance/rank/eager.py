@@ -20,9 +20,14 @@ def float32_input(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.is_floating_point() else x
 
 
+def loss(out: torch.Tensor, cotangent: torch.Tensor) -> torch.Tensor:
+    """One rank's loss: its output weighted by a random cotangent."""
+    return (out * cotangent).mean()
+
+
 def mean_loss(outputs: list[torch.Tensor], cotangents: list[torch.Tensor]) -> torch.Tensor:
     """FSDP averages gradients over ranks: eager's loss is the mean of the ranks' losses."""
-    return sum((o * c).mean() for o, c in zip(outputs, cotangents, strict=True)) / len(outputs)
+    return sum(loss(o, c) for o, c in zip(outputs, cotangents, strict=True)) / len(outputs)
 
 
 def holding(module: nn.Module, weights: Tensors) -> nn.Module:
@@ -41,18 +46,16 @@ def eager_gradients(
     inputs: list[torch.Tensor],
     cotangents: list[torch.Tensor],
     buffers: PerRank | None = None,
+    float32: bool = False,
 ) -> tuple[list[torch.Tensor], Tensors]:
     """``module``'s outputs on every rank's input (CPU copies) and its gradients of the ranks'
     averaged loss, by parameter name (one per tie), frozen parameters left out as eager leaves
     them None. ``buffers``: each rank's forward runs with that rank's buffers (what it makes
-    of them is kept: pass clones where it must not be)."""
-    outs = []
-    for r, x in enumerate(inputs):
-        if buffers is None:
-            outs.append(module(x))
-            continue
-        with buffers.rank(r):
-            outs.append(module(x))
+    of them is kept: pass clones where it must not be). ``float32``: inputs and cotangents as
+    the float32 twin takes them."""
+    if float32:
+        inputs, cotangents = [float32_input(x) for x in inputs], [c.float() for c in cotangents]
+    outs = [module(x) for x in inputs] if buffers is None else buffers.forward(inputs)
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     grads = torch.autograd.grad(mean_loss(outs, cotangents), [p for _, p in named], allow_unused=True)
     pairs = ((n, g) for (n, _), g in zip(named, grads, strict=True) if g is not None)

@@ -32,6 +32,14 @@ def unshard(piece: torch.Tensor, full_shape: torch.Size) -> torch.Tensor:
     return torch.cat(parts)[: full_shape[0]].cpu()
 
 
+def whole(held: torch.Tensor, full_shape: torch.Size) -> torch.Tensor:
+    """A tensor every rank holds whole (DDP), checked as ``unshard`` checks a shard."""
+    assert tuple(held.shape) == tuple(full_shape), (
+        f"a replicated tensor of shape {tuple(held.shape)}, expected the whole {tuple(full_shape)}"
+    )
+    return held.detach().cpu().clone()
+
+
 def gather(
     tm: Any, shapes: dict[str, torch.Size], grads: bool = False, replicated: bool = False
 ) -> dict[str, torch.Tensor]:
@@ -54,7 +62,7 @@ def gather(
         t = p.grad if grads else p
         if t is None:
             t = torch.full_like(p, float("nan"))
-        out[name] = t.detach().cpu().clone() if replicated else unshard(t, shape)
+        out[name] = whole(t, shape) if replicated else unshard(t, shape)
     return out
 
 

@@ -23,7 +23,7 @@ from conformance.checks.record import MEASURED_STEP, ParametersAfter, SavedTenso
 from conformance.checks.storages import distinct_storages
 from conformance.rank.buffers import PerRank
 from conformance.rank.build import SEED, Recipe, Reference
-from conformance.rank.eager import Tensors, eager_gradients, float32_input, holding, mean_loss
+from conformance.rank.eager import Tensors, eager_gradients, float32_input, holding, loss, mean_loss
 from conformance.rank.gather import cpu_copies, snapshot
 from conformance.rank.measure import Ledger, measure
 from fixtures.optimizers import OPTIMIZERS
@@ -91,8 +91,7 @@ class _Lockstep:
         kit computes it rather than guessing it."""
         assert self.golden is not None and self.golden_buffers is not None
         twin = holding(self.golden, self.weights)
-        twin_inputs, twin_cotangents = [float32_input(x) for x in inputs], [c.float() for c in cotangents]
-        return eager_gradients(twin, twin_inputs, twin_cotangents, self.golden_buffers.clones_for(twin))
+        return eager_gradients(twin, inputs, cotangents, self.golden_buffers.clones_for(twin), float32=True)
 
     def optimizers(self, make: Callable[[Any], torch.optim.Optimizer]) -> list[torch.optim.Optimizer | None]:
         """One per model, the Thunder module's first, the shard twins' last."""
@@ -111,18 +110,15 @@ class _Lockstep:
             out = tm(inputs[rank])
         if measured:
             training.saved = _saved_tensors(out)
-        ref_outs = []
-        for r, x in enumerate(inputs):
-            with self.reference_buffers.rank(r):
-                ref_outs.append(reference(x))
+        ref_outs = self.reference_buffers.forward(inputs)
         cotangents = [
             torch.randn(o.shape, generator=generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
         ]
         output = out.detach().clone().cpu()
         with ledger.phase() as backward:
-            loss = (out * cotangents[rank]).mean()
-            loss.backward()
-            del out, loss  # the kit's last references to the forward's result
+            rank_loss = loss(out, cotangents[rank])
+            rank_loss.backward()
+            del out, rank_loss  # the kit's last references to the forward's result
         training.held_after_backward.append(ledger.read())
         if measured:
             with self.reference_buffers.rank(rank, keep=False):
@@ -136,10 +132,7 @@ class _Lockstep:
         golden_outs = twin_at_thunder = None
         if golden is not None and self.golden_buffers is not None:
             twin_at_thunder = self.twin_at_thunder_weights(inputs, cotangents)
-            golden_outs = []
-            for r, x in enumerate(inputs):
-                with self.golden_buffers.rank(r):
-                    golden_outs.append(golden(float32_input(x)))
+            golden_outs = self.golden_buffers.forward([float32_input(x) for x in inputs])
             mean_loss(golden_outs, [c.float() for c in cotangents]).backward()
         grads = self.reference.gather(tm, grads=True)
         reference_grads = snapshot(reference, grads=True)

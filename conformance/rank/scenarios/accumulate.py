@@ -17,7 +17,8 @@ from typing import Any
 from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import final_traces
 from conformance.rank.build import Recipe, Reference
-from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, loss, scaled, summed
+from conformance.rank.eager import loss
+from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, scaled, summed
 from fixtures.options import MICRO_STEPS
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from conformance.rank.build import Recipe, Reference
-from conformance.rank.eager import eager_gradients, float32_input, holding
+from conformance.rank.eager import eager_gradients, holding
 from conformance.rank.train import STEPS, generator
 from fixtures.optimizers import OPTIMIZERS
 
@@ -63,16 +63,9 @@ class Batch:
         return cls(inputs, cotangents)
 
 
-def loss(out: torch.Tensor, cotangent: torch.Tensor) -> torch.Tensor:
-    """One rank's loss, as training takes it."""
-    return (out * cotangent).mean()
-
-
 def batch_gradients(module: nn.Module, batch: Batch, float32: bool = False) -> tuple[list[torch.Tensor], Tensors]:
-    """``eager_gradients`` on ``batch`` (``float32``: as the float32 twin takes it)."""
-    inputs = [float32_input(x) for x in batch.inputs] if float32 else batch.inputs
-    cotangents = [c.float() for c in batch.cotangents] if float32 else batch.cotangents
-    return eager_gradients(module, inputs, cotangents)
+    """``eager_gradients`` on ``batch``."""
+    return eager_gradients(module, batch.inputs, batch.cotangents, float32=float32)
 
 
 def summed(parts: list[Tensors]) -> Tensors:

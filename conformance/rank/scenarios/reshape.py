@@ -11,7 +11,8 @@ from typing import Any
 from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import final_traces
 from conformance.rank.build import Recipe, Reference
-from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, loss
+from conformance.rank.eager import loss
+from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients
 
 
 def reshape(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) -> ScenarioRecord:
