@@ -770,6 +770,42 @@ def ddp_gradients_not_averaged() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _load_state_dict(change: Callable[[Any, dict[str, Any]], dict[str, Any]]) -> Iterator[None]:
+    """ThunderModule.load_state_dict loading ``change(module, state_dict)`` instead, leniently."""
+    from thunder.core.module import ThunderModule
+
+    original = ThunderModule.load_state_dict
+
+    def load_state_dict(self: Any, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return original(self, change(self, dict(state_dict)), strict=False, assign=assign)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ThunderModule, "load_state_dict", load_state_dict)
+        yield
+
+
+@contextlib.contextmanager
+def load_drops_buffers() -> Iterator[None]:
+    """``load_state_dict`` (a sharded checkpoint's load; a DDP module's whole one) loads the
+    parameters and silently leaves every buffer as it was: running statistics restart."""
+    with _load_state_dict(lambda tm, sd: {k: v for k, v in sd.items() if k not in dict(tm.named_buffers())}):
+        yield
+
+
+@contextlib.contextmanager
+def load_loses_last_rank() -> Iterator[None]:
+    """``load_state_dict`` on the last rank loads nothing: that rank's shards (its whole copy,
+    under DDP) keep the values they had before the checkpoint was loaded."""
+    import torch.distributed as dist
+
+    def change(tm: Any, sd: dict[str, Any]) -> dict[str, Any]:
+        return {} if dist.get_rank() == dist.get_world_size() - 1 else sd
+
+    with _load_state_dict(change):
+        yield
+
+
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     f.__name__: f
     for f in (
@@ -809,6 +845,8 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         module_init_draws_per_rank,
         buffer_updates_dropped,
         ddp_gradients_not_averaged,
+        load_drops_buffers,
+        load_loses_last_rank,
     )
 }
 

@@ -38,6 +38,9 @@ FROZEN: Pred = lambda cell: cell.model == "lora"  # noqa: E731 (a model with fro
 INFER: Pred = lambda cell: cell.scenario == "infer"  # noqa: E731
 RESHAPE: Pred = lambda cell: cell.scenario == "reshape"  # noqa: E731
 ACCUMULATE: Pred = lambda cell: cell.scenario == "accumulate"  # noqa: E731
+RESUME: Pred = lambda cell: cell.scenario == "resume"  # noqa: E731
+# FSDP materialized from the state dict the kit shards: Thunder loads it with load_state_dict
+TRANSFORMED_SD: Pred = lambda cell: cell.init == "meta_transformed_sd" and not DDP(cell)  # noqa: E731
 BUFFERED: Pred = lambda cell: cell.model == "root_owned"  # noqa: E731 (a random buffer, running statistics)
 BROADCAST: Pred = lambda cell: INITS[cell.init].broadcast  # noqa: E731
 DDP: Pred = lambda cell: cell.composition in ("ddp_jit", "jit_ddp")  # noqa: E731
@@ -133,6 +136,23 @@ EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
     # the sum of the ranks' gradients where DDP must average: every DDP cell's numerics (an
     # accumulated gradient too); FSDP's cells conform
     "ddp_gradients_not_averaged": {"numerics": (DDP, NONE, "gradients at step 0 (SGD) [")},
+    # a checkpoint loaded through load_state_dict (FSDP's sharded one, DDP's whole one) that
+    # loses the buffers: only where a buffer changed since init (running statistics)
+    # (and a materialization from the sharded state dict the kit hands over, where buffers are)
+    "load_drops_buffers": {
+        "state_dict": (lambda c: RESUME(c) and BUFFERED(c), NONE, "checkpoint resumed: buffers after loading"),
+        "materialization": (NONE, lambda c: TRANSFORMED_SD(c) and BUFFERED(c), ""),
+        "numerics": (NONE, lambda c: TRANSFORMED_SD(c) and BUFFERED(c), ""),
+    },
+    # ... that loses the last rank's shards: every resumed cell, on that rank; and every cell
+    # materialized from a sharded state dict starts from what that rank's shards held before
+    "load_loses_last_rank": {
+        "state_dict": (RESUME, TRANSFORMED_SD, "checkpoint resumed: weights after loading"),
+        "materialization": (TRANSFORMED_SD, NONE, "initial parameters ["),
+        "numerics": (NONE, TRANSFORMED_SD, ""),
+        "collectives": (NONE, TRANSFORMED_SD, ""),
+        "memory": (NONE, TRANSFORMED_SD, ""),
+    },
     "module_init_draws_per_rank": {
         "materialization": (lambda c: MODULE_INIT(c) and BUFFERED(c), NONE, "buffers on every rank"),
         "numerics": (NONE, lambda c: MODULE_INIT(c) and BUFFERED(c), ""),
@@ -162,6 +182,17 @@ ON_CI: dict[str, tuple[Pred, ...]] = {
     "module_init_draws_per_rank": (
         lambda c: MODULE_INIT(c) and BUFFERED(c),
         lambda c: MODULE_INIT(c) and not BUFFERED(c),
+    ),
+    "load_drops_buffers": (
+        lambda c: RESUME(c) and BUFFERED(c) and not DDP(c),
+        lambda c: RESUME(c) and DDP(c),
+        lambda c: RESUME(c) and not BUFFERED(c),
+    ),
+    "load_loses_last_rank": (
+        lambda c: RESUME(c) and not DDP(c),
+        lambda c: RESUME(c) and DDP(c),
+        TRANSFORMED_SD,
+        lambda c: ACCUMULATE(c) and not TRANSFORMED_SD(c),
     ),
     "frozen_parameters_trained": (
         lambda c: FROZEN(c) and c.composition == "fsdp_jit",

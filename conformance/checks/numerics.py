@@ -101,6 +101,7 @@ PHRASES = {
     "infer": "under no_grad",
     "accumulate": f"accumulated over {MICRO_STEPS} micro-steps",
     "reshape": "at the second input shape",
+    "resume": "after resuming from a checkpoint",  # judged by the state_dict area: it records no output here
 }
 
 

@@ -78,6 +78,9 @@ class StateDictRecord:
     reference: Tensors  # the eager reference's state dict at the same point
     loaded: Tensors  # what was handed to load_original_state_dict (the initial parameters)
     reloaded: Tensors  # full parameters after loading, gathered from the shards
+    # full parameters gathered by the kit when original_state_dict() was taken: a scenario
+    # (``resume``) may have stepped the module on since the training's last step
+    gathered: Tensors = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +121,31 @@ class SimulatedMemory:
 
 
 @dataclasses.dataclass
+class Compared:
+    """One moment of a resumed run beside the uninterrupted one: what each held then."""
+
+    what: str  # e.g. "gradients at resumed step 1"
+    resumed: Tensors
+    uninterrupted: Tensors
+
+
+@dataclasses.dataclass
+class Resumed:
+    """One checkpoint round trip of the ``resume`` scenario (conformance/rank/scenarios/resume.py):
+    the checkpoint taken after training, what it must hold (the kit's own gathering: eager's
+    names for a full one, this rank's shards for a sharded one), and the module it was loaded
+    into stepped beside the uninterrupted one."""
+
+    kind: str  # "full" or "sharded"
+    taken: Tensors  # the checkpoint as Thunder gave it (local tensors of DTensors)
+    truth: Tensors  # what it must hold, gathered by the kit at the same moment
+    # what thunder.distributed.checkpoint raised taking it (the module's own state dict stood in)
+    api_error: str | None = None
+    compared: list[Compared] = dataclasses.field(default_factory=list)
+    error: str | None = None  # what Thunder raised saving, loading or resuming (compared ends there)
+
+
+@dataclasses.dataclass
 class ScenarioRecord:
     """What a cell's scenario did after training (conformance/rank/scenarios/): one more use of
     the Thunder module beside eager PyTorch holding the Thunder module's own gathered weights
@@ -138,6 +166,7 @@ class ScenarioRecord:
     alternatives: dict[str, tuple[Tensors, Tensors | None]] = dataclasses.field(default_factory=dict)
     traces: FinalTraces | None = None  # what Thunder compiled for the scenario (backward: None without one)
     error: str | None = None  # what Thunder raised instead (the training's findings still stand)
+    resumed: list[Resumed] = dataclasses.field(default_factory=list)  # ``resume``: each checkpoint kind's round trip
 
 
 @dataclasses.dataclass

@@ -137,7 +137,7 @@ class Runner:
 
     def known(self, cell: Cell, area: str) -> list[xfails.Expectation]:
         """The xfails entries that cover ``cell`` in ``area`` for the Thunder under test."""
-        return [e for e in self.expectations if e.covers(cell, area, self.thunder_version)]
+        return [e for e in self.expectations if e.covers(cell, area, self.thunder_version, self.session.backend)]
 
     def close(self) -> None:
         for world in self.worlds.values():

@@ -1,6 +1,7 @@
 """Known non-conformances of the Thunder under test, read from an xfails file (TOML).
 
-Each ``[[xfail]]`` entry names the check area, the cells it covers (``when``: axis -> values),
+Each ``[[xfail]]`` entry names the check area, the cells it covers (``when``: axis -> values,
+and optionally ``backend`` -> the process group backends it holds on),
 the Thunder versions it holds for (``thunder``: PEP 440 specifier strings, any of which may
 contain the version under test, prereleases included), the failures it expects, a reason and a
 link. Every string of ``failures`` is a template of one whole failure message: literal text in
@@ -45,6 +46,9 @@ PLACEHOLDER = "{}"
 NAME = r"[\w.]+"
 PLACEHOLDERS = {PLACEHOLDER: NUMBER, "{name}": NAME}
 FIELDS = ("area", "when", "thunder", "failures", "reason", "link")
+# what ``when`` may name beside the axes: the process group backend of the session (a failure
+# that only one backend's devices show: a CUDA-only code path on a gloo world of CPUs)
+BACKEND = "backend"
 _HEADER = re.compile(r"^\s*\[\[\s*xfail\s*\]\]")
 
 
@@ -99,10 +103,14 @@ class Expectation:
             return False
         return any(SpecifierSet(spec, prereleases=True).contains(version) for spec in self.thunder)
 
-    def covers(self, cell: Cell, area: str, thunder_version: str | None) -> bool:
+    def covers(self, cell: Cell, area: str, thunder_version: str | None, backend: str | None = None) -> bool:
+        """Whether the entry holds for ``cell``'s ``area`` on this Thunder version and, where
+        the entry names backends, on the session's ``backend``."""
         if area != self.area or not self.holds_for(thunder_version):
             return False
-        return all(str(getattr(cell, axis)) in map(str, values) for axis, values in self.when.items())
+        on = {BACKEND: backend}
+        value = lambda axis: on[axis] if axis in on else getattr(cell, axis)  # noqa: E731
+        return all(str(value(axis)) in map(str, values) for axis, values in self.when.items())
 
     def explains(self, failure: str) -> bool:
         # the first line: assert_close's detail lines below it (mismatch counts, the greatest
@@ -143,8 +151,8 @@ def _entry(raw: Any, where: str) -> Expectation:
     if not isinstance(when, dict):
         raise bad("when must be a table of axis = [values]")
     for axis, values in when.items():
-        if axis not in AXES:
-            raise bad(f"when: unknown axis {axis!r} (axes: {', '.join(AXES)})")
+        if axis not in AXES and axis != BACKEND:
+            raise bad(f"when: unknown axis {axis!r} (axes: {', '.join(AXES)}; or {BACKEND})")
         if not isinstance(values, list) or not values:
             raise bad(f"when: {axis} must be a non-empty list of values")
     for field in ("thunder", "failures"):

@@ -224,6 +224,19 @@ SCENARIO_CI = (
         bucketing="block",
         scenario="reshape",
     ),
+    # a checkpoint of a model with root-owned parameters and running statistics, and one of
+    # a tied model whose weights module init drew, in bfloat16 under ZERO3 with buckets
+    Cell("root_owned", "real", "fsdp_jit", offload="all", scenario="resume"),
+    Cell(
+        "tied_lm",
+        "meta_module_init",
+        "jit_fsdp",
+        tie="tied",
+        sharding="zero3",
+        bucketing="layer",
+        dtype="bfloat16",
+        scenario="resume",
+    ),
 )
 
 
@@ -238,6 +251,7 @@ DDP_CI = (
     Cell("root_owned", "real", "jit_ddp", scenario="accumulate"),
     Cell("tie_group", "real", "ddp_jit", tie="tied", dtype="bfloat16", scenario="accumulate"),
     Cell("litgpt_neox", "real_broadcast_first", "jit_ddp", tie="tied"),
+    Cell("root_owned", "real_broadcast_last", "ddp_jit", scenario="resume"),
 )
 
 

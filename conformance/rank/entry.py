@@ -22,7 +22,7 @@ from conformance.matrix.cells import Cell
 from conformance.matrix.plan import expects_reset_error
 from conformance.rank import measure
 from conformance.rank.build import Recipe, Reference, Unsupported, build_reference, compose, rank_device, recipe
-from conformance.rank.gather import clones, cpu_copies
+from conformance.rank.gather import clones, cpu_copies, identical
 from conformance.rank.scenarios import run_scenario
 from conformance.rank.simulate import run_simulated
 from conformance.rank.train import train
@@ -105,7 +105,7 @@ def record_setup(parts: Recipe, reference: Reference, tm: Any) -> SetupRecord:
         reference_initial=reference.initial,
         buffers=buffers,
         reference_buffers=cpu_copies(reference.module.named_buffers()),
-        buffers_unlike_rank0=sorted(n for n, t in buffers.items() if not _same(t, on_ranks[0].get(n))),
+        buffers_unlike_rank0=sorted(n for n, t in buffers.items() if not identical(t, on_ranks[0].get(n))),
     )
     if not parts.init.values_from_reference:
         with torch.no_grad():
@@ -118,14 +118,11 @@ def record_setup(parts: Recipe, reference: Reference, tm: Any) -> SetupRecord:
     return setup
 
 
-def _same(a: torch.Tensor, b: torch.Tensor | None) -> bool:
-    return b is not None and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
-
-
 def round_trip_state_dict(parts: Recipe, reference: Reference, tm: Any) -> StateDictRecord:
     """Last, as it rewrites the module's weights: ``original_state_dict()`` after training,
     then the initial weights loaded back through ``load_original_state_dict()``."""
     original = cpu_copies(tm.original_state_dict().items())
+    gathered = reference.gather(tm)
     buffers = cpu_copies(tm.named_buffers())
     loaded = {n: t.to(parts.device) for n, t in reference.initial.items()}
     tm.load_original_state_dict({**clones(reference.module.state_dict()), **loaded})
@@ -135,4 +132,5 @@ def round_trip_state_dict(parts: Recipe, reference: Reference, tm: Any) -> State
         reference=cpu_copies(reference.module.state_dict().items()),
         loaded={n: t.cpu() for n, t in loaded.items()},
         reloaded=reference.gather(tm),
+        gathered=gathered,
     )

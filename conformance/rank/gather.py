@@ -83,6 +83,11 @@ def cpu_copies(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Ten
     return {n: t.detach().cpu().clone() for n, t in named}
 
 
+def identical(a: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """Whether ``b`` is ``a``: the same shape, dtype and values."""
+    return b is not None and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
 def clones(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Detached copies on the tensors' own devices."""
     return {k: v.detach().clone() for k, v in sd.items()}

@@ -16,11 +16,12 @@ from conformance.rank.build import Recipe, Reference
 from conformance.rank.scenarios.accumulate import accumulate
 from conformance.rank.scenarios.infer import infer
 from conformance.rank.scenarios.reshape import reshape
+from conformance.rank.scenarios.resume import resume
 
 Scenario = Callable[[Recipe, Reference, Any, int, int], ScenarioRecord]
 
 # every value of the axis but ``train`` (training alone: no scenario after it)
-SCENARIOS: dict[str, Scenario] = {"infer": infer, "accumulate": accumulate, "reshape": reshape}
+SCENARIOS: dict[str, Scenario] = {"infer": infer, "accumulate": accumulate, "reshape": reshape, "resume": resume}
 
 
 def run_scenario(

@@ -1,0 +1,214 @@
+"""``resume``: a checkpoint taken after training and loaded into a fresh composition of the same
+cell must resume training bit for bit where the uninterrupted run goes.
+
+Each kind of checkpoint Thunder offers is one round trip: the full state dict (eager's names,
+every parameter whole: ``thunder.distributed.checkpoint`` with ``full_state_dict=True``, saved
+with its ``save`` and read back with its ``load``) and, where parameters are sharded, the
+sharded one (each rank its own shards). What the checkpoint holds is compared with the kit's
+own gathering at the same moment; the fresh module gets its optimizer before the checkpoint
+is loaded (as a training script builds both, then restores), and then both modules take
+``RESUME_STEPS`` AdamW steps from fresh optimizers on the same batches: their weights after
+loading, and every step's outputs, gradients, weights and buffers, must be equal exactly
+(the same program on the same values: on one device nothing may differ).
+
+Where ``thunder.distributed.checkpoint`` cannot take the checkpoint (its FSDP path builds a
+CUDA device mesh), the error is recorded and the Thunder module's own state dict methods it
+wraps stand in (``original_state_dict()`` for a full one, ``state_dict()`` for a sharded one),
+so that the round trip is still judged; loading always goes through
+``load_model_state_dict``, which needs no mesh.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from conformance.checks.record import Compared, Resumed, ScenarioRecord
+from conformance.rank.build import Recipe, Reference, compose
+from conformance.rank.eager import loss
+from conformance.rank.gather import cpu_copies, identical, shard
+from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch
+from fixtures.optimizers import OPTIMIZERS
+
+RESUME_STEPS = 2  # the second AdamW step reads the optimizer state the first one made
+Tensors = dict[str, torch.Tensor]
+
+
+def resume(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) -> ScenarioRecord:
+    # DDP holds whole parameters: Thunder refuses a sharded checkpoint of it, by design
+    kinds = ("full",) if reference.replicated else ("full", "sharded")
+    directory = _shared_directory()
+    try:
+        resumed = [_round_trip(kind, recipe, reference, tm, rank, world, directory / kind) for kind in kinds]
+    finally:
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(directory, ignore_errors=True)
+    return ScenarioRecord("resume", resumed=resumed)
+
+
+def _round_trip(kind: str, recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int, path: Path) -> Resumed:
+    from thunder.distributed.checkpoint import StateDictOptions, load_model_state_dict
+
+    full = kind == "full"
+    options = StateDictOptions(full_state_dict=full, cpu_offload=True)
+    taken, api_error = _take(tm, options, rank)
+    truth = _truth(kind, reference, tm, rank, world)
+    held = _local(taken)
+    if not full:
+        held = {n: _padding_cleared(t, truth.get(n), reference, n, rank) for n, t in held.items()}
+    record = Resumed(kind, taken=held, truth=truth, api_error=api_error)
+    # a buffer the ranks hold differently (running statistics of each rank's own batches): a
+    # full checkpoint holds one value of it, which every rank then loads and goes on from
+    unlike = _unlike_on_ranks(tm) if full else set()
+    try:
+        fresh = compose(recipe, reference).thunder_module
+        # the fresh module's optimizer first: loading must write the parameters it steps
+        optimizers = [OPTIMIZERS["AdamW"].make(_trainable(m)) for m in (fresh, tm)]
+        template = _clones(_take(fresh, options, rank)[0])
+        per_rank = kind == "sharded" and not _has_dtensors(taken)
+        _save(taken, path, rank, per_rank)
+        _load(template, path, rank, per_rank)
+        load_model_state_dict(template, fresh, options, rank)
+        loaded = {n: t.cpu() for n, t in template.items() if n in unlike}
+        record.compared += _moment("after loading", reference, fresh, tm, loaded=loaded)
+        model = copy.deepcopy(reference.module)  # for the cotangents' shapes: its buffers are its own
+        for k in range(RESUME_STEPS):
+            batch = Batch.draw(recipe.fixture.make_input, recipe, model, AFTER_TRAINING + k, world)
+            outputs = [_forward_backward(m, batch, rank) for m in (fresh, tm)]
+            record.compared.append(Compared(f"output at resumed step {k}", *outputs))
+            grads = [reference.gather(m, grads=True) for m in (fresh, tm)]
+            record.compared.append(Compared(f"gradients at resumed step {k}", *grads))
+            for opt in optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            record.compared += _moment(f"after resumed step {k}", reference, fresh, tm, unlike=unlike)
+    except Exception as exc:  # Thunder's own calls: what it raises is a finding, not the end of the cell
+        record.error = f"{type(exc).__name__}: {exc}"
+    return record
+
+
+def _take(tm: Any, options: Any, rank: int) -> tuple[Tensors, str | None]:
+    """The checkpoint through ``get_model_state_dict``, or, where it raises, through the
+    module's own method it wraps, with what it raised."""
+    from thunder.distributed.checkpoint import get_model_state_dict
+
+    try:
+        return get_model_state_dict(tm, options, rank), None
+    except Exception as exc:
+        own = tm.original_state_dict() if options.full_state_dict else tm.state_dict()
+        return cpu_copies(own.items()), f"{type(exc).__name__}: {exc}"
+
+
+def _local(state: dict[str, Any]) -> Tensors:
+    """CPU copies of a checkpoint's tensors, a DTensor's local shard for the DTensor."""
+    return cpu_copies((k, getattr(v, "_local_tensor", v)) for k, v in state.items() if isinstance(v, torch.Tensor))
+
+
+def _truth(kind: str, reference: Reference, tm: Any, rank: int, world: int) -> Tensors:
+    """What a checkpoint of ``kind`` must hold now: the parameters the kit gathers (this rank's
+    shard of each for a sharded one) and the buffers, under the eager state dict's names."""
+    names = set(reference.module.state_dict())
+    params = reference.gather(tm)
+    if kind == "sharded":
+        params = {n: shard(t, rank, world) for n, t in params.items()}
+    buffers = cpu_copies((n, b) for n, b in tm.named_buffers() if n in names)
+    return {**buffers, **params}
+
+
+def _trainable(tm: Any) -> list[torch.Tensor]:
+    return [p for p in tm.parameters() if p.requires_grad]
+
+
+def _clones(state: dict[str, Any]) -> dict[str, Any]:
+    """Copies to load into, so that reading the checkpoint cannot write a module's own
+    tensors behind ``load_model_state_dict``'s back (a plain state dict views them)."""
+    return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+def _shared_directory() -> Path:
+    """A directory every rank sees (one machine), made by rank 0."""
+    name = [tempfile.mkdtemp(prefix="kit-resume-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(name, src=0)
+    return Path(name[0])
+
+
+def _save(state: dict[str, Any], path: Path, rank: int, per_rank: bool) -> None:
+    """With ``thunder.distributed.checkpoint.save`` (torch's distributed checkpoint), which
+    takes whole tensors and DTensors; plain shards (``per_rank``: the stand-in for a sharded
+    checkpoint) would read to it as one tensor every rank holds, so each rank writes its own
+    file."""
+    from thunder.distributed.checkpoint import save
+
+    if per_rank:
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(state, path / f"rank{rank}.pt")
+        dist.barrier()
+    else:
+        save(state, path)
+
+
+def _load(state: dict[str, Any], path: Path, rank: int, per_rank: bool) -> None:
+    """Read the checkpoint at ``path`` into ``state``'s tensors, in place."""
+    from thunder.distributed.checkpoint import load
+
+    if per_rank:
+        for k, v in torch.load(path / f"rank{rank}.pt", weights_only=True).items():
+            state[k].copy_(v)
+    else:
+        load(state, path)
+
+
+def _has_dtensors(state: dict[str, Any]) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(v, DTensor) for v in state.values())
+
+
+def _forward_backward(tm: Any, batch: Batch, rank: int) -> Tensors:
+    out = tm(batch.inputs[rank])
+    loss(out, batch.cotangents[rank]).backward()
+    return {"output": out.detach().cpu().clone()}
+
+
+def _moment(
+    when: str, reference: Reference, fresh: Any, tm: Any, loaded: Tensors | None = None, unlike: set[str] = frozenset()
+) -> list[Compared]:
+    """The two modules' weights and buffers now; a buffer in ``loaded`` must hold the value
+    the checkpoint gave it, and one in ``unlike`` is not compared (each rank's went its own way
+    before the checkpoint)."""
+    weights = [reference.gather(m) for m in (fresh, tm)]
+    resumed, uninterrupted = (
+        {n: b for n, b in cpu_copies(m.named_buffers()).items() if n not in unlike} for m in (fresh, tm)
+    )
+    uninterrupted.update(loaded or {})
+    return [Compared(f"weights {when}", *weights), Compared(f"buffers {when}", resumed, uninterrupted)]
+
+
+def _unlike_on_ranks(tm: Any) -> set[str]:
+    """Names of the buffers whose value is not the same on every rank."""
+    mine = cpu_copies(tm.named_buffers())
+    every: list[Tensors] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(every, mine)
+    return {n for n, t in mine.items() if any(not identical(t, other.get(n)) for other in every)}
+
+
+def _padding_cleared(
+    held: torch.Tensor, truth: torch.Tensor | None, reference: Reference, name: str, rank: int
+) -> torch.Tensor:
+    """A shard with the rows past the parameter's end zeroed, as the kit's own shard pads:
+    what Thunder keeps in its padding is never read, so it is nobody's to check. A shard of
+    another shape is left as it is (the comparison names it)."""
+    full = reference.shapes.get(name)
+    if full is None or truth is None or held.shape != truth.shape or not held.dim():
+        return held
+    valid = max(0, min(held.shape[0], full[0] - rank * held.shape[0]))
+    cleared = held.clone()
+    cleared[valid:] = 0
+    return cleared
