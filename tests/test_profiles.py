@@ -30,7 +30,7 @@ from fixtures.executors import EXECUTORS
 from fixtures.inits import INITS
 from fixtures.models import MODELS
 from fixtures.offloads import POLICIES
-from fixtures.options import SCENARIOS
+from fixtures.options import BUCKETINGS, SCENARIOS
 from tests.suite_runs import ROOT
 
 # what the worlds' probe finds on the kit's pin on CPU (test_the_pins_probe below holds it to that)
@@ -232,15 +232,16 @@ def test_ci_runs_each_scenario_beyond_training_in_a_few_cells() -> None:
 
 
 def test_ddp_runs_in_cells_of_its_own() -> None:
-    # DDP's compositions are left out of the FSDP array (sharding and bucketing do not apply):
-    # ci picks cells that take both compositions, both broadcasts, bfloat16, offloading and
-    # every scenario; nightly covers every pair of the values that apply to DDP
+    # DDP's compositions are left out of the FSDP array (sharding does not apply; bucketing
+    # names a bucket size): ci picks cells that take both compositions, both broadcasts,
+    # bfloat16, offloading, every bucket size and every scenario; nightly covers every pair of
+    # the values that apply to DDP
     ddp = [c for c in RUNS if COMPOSITIONS[c.composition].replicated]
     assert {c.composition for c in ddp} == {"ddp_jit", "jit_ddp"}
     assert {c.init for c in ddp} == {"real", "real_broadcast_first", "real_broadcast_last"}
     assert {c.scenario for c in ddp} == set(SCENARIOS) and "bfloat16" in {c.dtype for c in ddp}
     assert any(c.offload != "none" for c in ddp) and "tied" in {c.tie for c in ddp}
-    assert all((c.sharding, c.bucketing) == ("zero2", "none") for c in ddp)
+    assert all(c.sharding == "zero2" for c in ddp) and {c.bucketing for c in ddp} == set(BUCKETINGS)
     values = replicated_values(2, PIN_UNSUPPORTED)
     nightly = [c for c in NIGHTLY_RUNS if COMPOSITIONS[c.composition].replicated]
     met = {frozenset(p) for c in nightly for p in itertools.combinations([(a, getattr(c, a)) for a in AXES], 2)}

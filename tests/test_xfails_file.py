@@ -89,6 +89,14 @@ def test_an_entry_covers_its_area_and_cells_only() -> None:
     assert not entry.covers(Cell("tied_lm", "real", "fsdp_jit", world_size=4), "collectives", PIN)
 
 
+def test_an_entry_naming_a_backend_holds_on_that_backend_only() -> None:
+    entry = _entry(when={"model": ["mlp"], "backend": ["gloo"]})
+    cell = Cell("mlp", "real", "fsdp_jit")
+    assert entry.covers(cell, "collectives", PIN, "gloo")
+    assert not entry.covers(cell, "collectives", PIN, "nccl")
+    assert not entry.covers(cell, "collectives", PIN)  # a backend unknown to the caller: not covered
+
+
 def test_the_kits_file_loads_with_each_entrys_line_and_every_entry_names_versions() -> None:
     entries = xfails.load(DEFAULT_XFAILS)
     headers = [n for n, line in enumerate(DEFAULT_XFAILS.read_text().splitlines(), 1) if line == "[[xfail]]"]

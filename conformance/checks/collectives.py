@@ -7,8 +7,9 @@ bucket in the backward only under ZERO3, and no all-reduce anywhere. Without buc
 bucket is one distinct parameter storage (a tied weight is one storage, however many names
 it has); LAYER puts the storages of one module together, BLOCK those under one numbered
 child of a module list (a transformer block), each other storage alone. Under DDP (every
-rank holds the whole model): nothing gathered, one all-reduce per trainable storage in the
-backward (the kit asks DDP for no buckets), nothing else.
+rank holds the whole model): nothing gathered, and in the backward one all-reduce per
+bucket of gradients DDP packs (``ddp_buckets``: one per trainable storage without bucketing),
+nothing else.
 
 A count that differs from the expected one but equals what the same cell would expect under a
 recognised alternative says so, so that an xfails entry can pin which alternative Thunder
@@ -51,15 +52,63 @@ def buckets(module: torch.nn.Module, bucketing: str, trainable_only: bool = Fals
     return out
 
 
+# DDP's ``bucket_size_in_mb`` per bucketing value (the axis is FSDP's; for DDP it names a
+# bucket size): ``none`` 0, each gradient all-reduced alone and in place; ``block`` Thunder's
+# default, 25 MB (the kit's CPU models fit one bucket per dtype); ``layer`` the largest
+# trainable gradient's size, so that a model's gradients fill several buckets and the
+# packing's boundaries are exercised.
+DDP_DEFAULT_BUCKET_MB = 25.0
+
+
+def ddp_bucket_mb(module: torch.nn.Module, bucketing: str) -> float:
+    if bucketing == "none":
+        return 0.0
+    if bucketing == "block":
+        return DDP_DEFAULT_BUCKET_MB
+    largest = max((_nbytes(p) for p in distinct_storages(module, trainable_only=True).values()), default=0)
+    return largest / 2**20  # exact: a division by a power of two
+
+
+def ddp_buckets(module: torch.nn.Module, bucketing: str) -> list[list[str]]:
+    """The buckets DDP packs the trainable gradients into, as its documentation states the
+    rule: per dtype, in the parameters' order, a bucket closes once it holds at least
+    ``bucket_size_in_mb``, and what is left at the end is one more; with a size of 0, one
+    gradient each (all-reduced in place)."""
+    storages = distinct_storages(module, trainable_only=True)
+    cap = ddp_bucket_mb(module, bucketing) * 2**20
+    if cap <= 0:
+        return [[n] for n in storages]
+    by_dtype: dict[torch.dtype, list[str]] = {}
+    for n, p in storages.items():
+        by_dtype.setdefault(p.dtype, []).append(n)
+    out: list[list[str]] = []
+    for names in by_dtype.values():
+        current: list[str] = []
+        held = 0
+        for n in names:
+            current.append(n)
+            held += _nbytes(storages[n])
+            if held >= cap:
+                out.append(current)
+                current, held = [], 0
+        if current:
+            out.append(current)
+    return out
+
+
+def _nbytes(p: torch.Tensor) -> int:
+    return p.numel() * p.element_size()
+
+
 def expected_counts(
     module: torch.nn.Module, sharding: str, bucketing: str, replicated: bool = False
 ) -> dict[str, dict[str, int]]:
-    trainable = len(buckets(module, bucketing, trainable_only=True))
-    if replicated:  # DDP: nothing gathered, one all-reduce per trainable storage (no bucketing)
+    if replicated:  # DDP: nothing gathered, one all-reduce per bucket of gradients
         return {
             "forward": {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0},
-            "backward": {"all_gather": 0, "reduce_scatter": 0, "all_reduce": trainable},
+            "backward": {"all_gather": 0, "reduce_scatter": 0, "all_reduce": len(ddp_buckets(module, bucketing))},
         }
+    trainable = len(buckets(module, bucketing, trainable_only=True))
     storages = len(buckets(module, bucketing))
     return {
         "forward": {"all_gather": storages, "reduce_scatter": 0, "all_reduce": 0},
@@ -83,14 +132,14 @@ def alternative_counts(
     module: torch.nn.Module, sharding: str, bucketing: str, replicated: bool = False
 ) -> list[tuple[str, dict]]:
     """(annotation, counts) of each recognised alternative that differs from the cell itself
-    (none under DDP: sharding and bucketing do not apply)."""
-    if replicated:
-        return []
+    (under DDP only the count without bucketing: sharding does not apply)."""
     out = []
     for annotation, alternative in ALTERNATIVES:
         alt_sharding, alt_bucketing = alternative(sharding, bucketing)
+        if replicated and alt_sharding != sharding:
+            continue
         if (alt_sharding, alt_bucketing) != (sharding, bucketing):
-            out.append((annotation, expected_counts(module, alt_sharding, alt_bucketing)))
+            out.append((annotation, expected_counts(module, alt_sharding, alt_bucketing, replicated)))
     return out
 
 

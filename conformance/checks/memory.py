@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from conformance.checks.area import Area
-from conformance.checks.collectives import buckets
+from conformance.checks.collectives import buckets, ddp_bucket_mb, ddp_buckets
 from conformance.checks.dataflow import estimated_peak
 from conformance.checks.findings import Findings
 from conformance.checks.margins import ESTIMATE_FACTOR
@@ -148,6 +148,9 @@ class Terms:
     gradient_shards: int
     adamw_state: int
     handed_over: int  # the state dict the kit handed Thunder (0: none)
+    # DDP with buckets: one flat buffer per bucket, which packing keeps from the first
+    # backward on (0 without buckets, and under FSDP)
+    gradient_buckets: int = 0
 
     @property
     def resident(self) -> int:
@@ -176,7 +179,17 @@ def terms(run: CellRecord | SimulatedRecord) -> Terms:
         # CUDA; on CPU they are 0-d, counted apart rather than summed
         adamw_state=2 * gradient_shards,
         handed_over=_handed_over_bytes(run),
+        gradient_buckets=_gradient_bucket_bytes(run),
     )
+
+
+def _gradient_bucket_bytes(run: CellRecord | SimulatedRecord) -> int:
+    """DDP's gradient buckets: each one flat buffer of its gradients' bytes."""
+    reference, bucketing = run.reference, run.cell.bucketing
+    if not replicated(run) or ddp_bucket_mb(reference, bucketing) <= 0:
+        return 0
+    sizes = {n: p.numel() * p.element_size() for n, p in reference.named_parameters()}
+    return allocations((sum(sizes[n] for n in bucket) for bucket in ddp_buckets(reference, bucketing)), run.device)
 
 
 def _handed_over_bytes(run: CellRecord | SimulatedRecord) -> int:
@@ -316,9 +329,20 @@ def _held_after_steps(run: CellRecord, model: Terms, found: Findings) -> int:
 
     for k, optimizer in enumerate(steps):
         state, before = model.optimizer_state(optimizer), state_before(k)
+        kept = model.gradient_buckets  # held from the first backward on
         checks = (
-            ("after backward", memory.held_after_backward, before + model.gradient_shards, "the gradient shards"),
-            ("after the step", memory.held_after_step, state, "the optimizer state"),
+            (
+                "after backward",
+                memory.held_after_backward,
+                before + model.gradient_shards + kept,
+                "the gradient shards" + (" and DDP's gradient buckets" if kept else ""),
+            ),
+            (
+                "after the step",
+                memory.held_after_step,
+                state + kept,
+                "the optimizer state" + (" and DDP's gradient buckets" if kept else ""),
+            ),
         )
         for when, series, expected, what in checks:
             got = series[k] if k < len(series) else None

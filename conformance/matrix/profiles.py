@@ -42,9 +42,10 @@ def valid(row: dict[str, Any]) -> bool:
         inits = COMPOSITIONS[row["composition"]].inits
         if inits is not None and row["init"] not in inits:
             return False
-    # FSDP's sharding and bucketing do not apply to DDP: its cells carry the defaults
+    # FSDP's sharding does not apply to DDP: its cells carry the default (bucketing names a
+    # bucket size there: collectives.ddp_bucket_mb)
     replicated = "composition" in row and COMPOSITIONS[row["composition"]].replicated
-    return not (replicated and (row.get("sharding", "zero2") != "zero2" or row.get("bucketing", "none") != "none"))
+    return not (replicated and row.get("sharding", "zero2") != "zero2")
 
 
 # The axes whose values the worlds probe (the Thunder under test may lack what a value needs).
@@ -93,7 +94,7 @@ def replicated_values(world_size: int, unsupported: Collection[str] = ()) -> dic
     and the inits DDP can express. Empty compositions where it offers none."""
     values = axis_values(world_size, unsupported)
     values["composition"] = [c for c in values["composition"] if COMPOSITIONS[c].replicated]
-    values["sharding"], values["bucketing"] = ["zero2"], ["none"]
+    values["sharding"] = ["zero2"]
     values["init"] = [
         i
         for i in values["init"]
@@ -242,16 +243,17 @@ SCENARIO_CI = (
 
 # ci's DDP cells: every model but the negative one and the litgpt ones (each costs a
 # compilation; litgpt once), both compositions, the broadcast from rank 0 and from the last,
-# bfloat16, offloading, and every scenario (DDP skips the sync it is told to skip: its
-# ``accumulate`` must conform where FSDP's does not)
+# bfloat16, offloading, each bucket size (none, the largest gradient's, Thunder's default)
+# and every scenario (DDP skips the sync it is told to skip: its ``accumulate`` must conform
+# where FSDP's does not)
 DDP_CI = (
-    Cell("mlp", "real", "ddp_jit"),
+    Cell("mlp", "real", "ddp_jit", bucketing="layer"),
     Cell("tied_lm", "real_broadcast_last", "jit_ddp", tie="tied", dtype="bfloat16", scenario="reshape"),
     Cell("lora", "real_broadcast_first", "ddp_jit", offload="all", scenario="infer"),
     Cell("root_owned", "real", "jit_ddp", scenario="accumulate"),
-    Cell("tie_group", "real", "ddp_jit", tie="tied", dtype="bfloat16", scenario="accumulate"),
-    Cell("litgpt_neox", "real_broadcast_first", "jit_ddp", tie="tied"),
-    Cell("root_owned", "real_broadcast_last", "ddp_jit", scenario="resume"),
+    Cell("tie_group", "real", "ddp_jit", tie="tied", dtype="bfloat16", bucketing="block", scenario="accumulate"),
+    Cell("litgpt_neox", "real_broadcast_first", "jit_ddp", tie="tied", bucketing="layer"),
+    Cell("root_owned", "real_broadcast_last", "ddp_jit", bucketing="block", scenario="resume"),
 )
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from conformance.checks.collectives import ddp_bucket_mb
 from conformance.checks.storages import tied_duplicates
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import SetupPlan, StateDictKind, plan
@@ -136,9 +137,12 @@ def compose(recipe: Recipe, reference: Reference) -> Composed:
     }
     if recipe.init.broadcast:
         options["broadcast_from"] = recipe.source
-    # DDP: no bucketing (one all-reduce per gradient, what the collectives check derives), and
-    # a broadcast only where the init mode asks for one (DDP's own default broadcasts rank 0)
-    ddp_options = {"bucket_size_in_mb": 0.0, "broadcast_from": recipe.source if recipe.init.broadcast else None}
+    # DDP: the bucket size the cell's bucketing names (collectives.ddp_bucket_mb), and a
+    # broadcast only where the init mode asks for one (DDP's own default broadcasts rank 0)
+    ddp_options = {
+        "bucket_size_in_mb": ddp_bucket_mb(reference.module, recipe.cell.bucketing),
+        "broadcast_from": recipe.source if recipe.init.broadcast else None,
+    }
     # What the kit hands over is built outside the measured block: it is the user's memory.
     state = _state_dict(recipe.plan.handed_over, reference.module, rank, world)
     materialization_init = _materialization(recipe.plan, state)
