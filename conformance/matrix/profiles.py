@@ -181,10 +181,13 @@ def _covering(values: dict[str, list[Any]], strength: int = 2) -> Iterator[Cell]
 
 
 def _boundary_arrays(world_size: int, unsupported: Collection[str]) -> Iterator[Cell]:
-    """A pairwise covering array at each boundary world size other than the session's."""
+    """A pairwise covering array at each boundary world size other than the session's: FSDP's
+    compositions' and, where the Thunder under test offers DDP, DDP's."""
     for n in BOUNDARY_WORLD_SIZES:
         if n != world_size:
-            yield from _covering(pairwise_values("full", n, unsupported))  # FSDP's compositions
+            yield from _covering(pairwise_values("full", n, unsupported))
+            if (ddp := replicated_values(n, unsupported))["composition"]:
+                yield from _covering(ddp)
 
 
 def _smoke(world_size: int) -> Iterator[Cell]:
@@ -243,6 +246,7 @@ SCENARIO_CI = (
 
 # ci's DDP cells: every model but the negative one and the litgpt ones (each costs a
 # compilation; litgpt once), both compositions, the broadcast from rank 0 and from the last,
+# both meta inits the transform form can express,
 # bfloat16, offloading, each bucket size (none, the largest gradient's, Thunder's default)
 # and every scenario (DDP skips the sync it is told to skip: its ``accumulate`` must conform
 # where FSDP's does not)
@@ -250,9 +254,9 @@ DDP_CI = (
     Cell("mlp", "real", "ddp_jit", bucketing="layer"),
     Cell("tied_lm", "real_broadcast_last", "jit_ddp", tie="tied", dtype="bfloat16", scenario="reshape"),
     Cell("lora", "real_broadcast_first", "ddp_jit", offload="all", scenario="infer"),
-    Cell("root_owned", "real", "jit_ddp", scenario="accumulate"),
+    Cell("root_owned", "meta_load_after", "jit_ddp", scenario="accumulate"),
     Cell("tie_group", "real", "ddp_jit", tie="tied", dtype="bfloat16", bucketing="block", scenario="accumulate"),
-    Cell("litgpt_neox", "real_broadcast_first", "jit_ddp", tie="tied", bucketing="layer"),
+    Cell("litgpt_neox", "meta_original_sd", "jit_ddp", tie="tied", bucketing="layer"),
     Cell("root_owned", "real_broadcast_last", "ddp_jit", bucketing="block", scenario="resume"),
 )
 
@@ -268,6 +272,8 @@ BOUNDARY_CI = (
     Cell("tie_group", "real_broadcast_first", "fsdp_jit", tie="tied", sharding="zero3", world_size=4),
     Cell("mlp", "meta_transformed_sd", "fsdp_jit", sharding="zero3", bucketing="layer", world_size=4),
     Cell("tied_lm", "real_broadcast_last", "jit_fsdp", tie="tied", dtype="bfloat16", world_size=4),
+    # DDP at an odd size: its all-reduce averages over 3, and a broadcast from the last rank
+    Cell("tied_lm", "real_broadcast_last", "jit_ddp", tie="tied", bucketing="layer", world_size=3),
 )
 
 
