@@ -29,12 +29,15 @@ trains in lockstep from the same weights, or from the dtype itself, never a fixe
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from conformance.checks.area import Area
 from conformance.checks.findings import Findings
 from conformance.checks.record import CellRecord, ParametersAfter, ScenarioRecord, StepRecord
 from conformance.checks.storages import tie_groups
+from fixtures.models import MODELS
 from fixtures.optimizers import OPTIMIZERS, Optimizer
 from fixtures.options import MICRO_STEPS
 
@@ -85,6 +88,9 @@ def check(run: CellRecord) -> Findings:
             failed.add("update")
         before = step.after
 
+    fixture = MODELS.get(run.cell.model)
+    if fixture is not None and fixture.output_dropout is not None:
+        judge_dropout(found, [s.output for s in run.steps], fixture.output_dropout)
     if run.scenario is not None:
         judge_scenario(found, run.scenario, run.dtype)
 
@@ -103,6 +109,36 @@ PHRASES = {
     "reshape": "at the second input shape",
     "resume": "after resuming from a checkpoint",  # judged by the state_dict area: it records no output here
 }
+
+
+# how many binomial standard deviations the fraction a dropout dropped may stray from p: a
+# false alarm below one in 10^8 cells, and a dropout at half its p (0.125 for 0.25 over this
+# rank's 1080 outputs: 9.5 deviations) still fails
+DROPOUT_DEVIATIONS = 6.0
+
+
+def judge_dropout(found: Findings, outputs: list[torch.Tensor], p: float) -> None:
+    """The masks of a dropout that is the model's last op, read from this rank's outputs
+    (zero where dropped; the eager models replayed them, so outputs and gradients were
+    compared exactly): over the training steps they drop p of the elements, within
+    ``DROPOUT_DEVIATIONS`` binomial standard deviations, and no step draws the mask the step
+    before it drew (Thunder must draw anew every step, not replay one draw)."""
+    masks = [o == 0 for o in outputs]
+    n = sum(m.numel() for m in masks)
+    if not n:
+        return
+    dropped = sum(int(m.sum()) for m in masks) / n
+    bound = DROPOUT_DEVIATIONS * math.sqrt(p * (1 - p) / n)
+    found.metrics["dropout fraction dropped"] = {"measured": dropped, "p": p, "bound": bound}
+    with found.expect("dropout fraction dropped"):
+        assert abs(dropped - p) <= bound, (
+            f"{dropped:.4f} of {n} outputs dropped over {len(masks)} steps, expected p = {p} within {bound:.4f} "
+            f"({DROPOUT_DEVIATIONS:g} binomial standard deviations)"
+        )
+    for k in range(1, len(masks)):
+        with found.expect(f"dropout mask at step {k}"):
+            same = masks[k].shape == masks[k - 1].shape and torch.equal(masks[k], masks[k - 1])
+            assert not same, f"the mask of step {k - 1} again: the dropout did not draw anew"
 
 
 def judge_scenario(found: Findings, record: ScenarioRecord, dtype: torch.dtype) -> None:

@@ -42,6 +42,9 @@ def valid(row: dict[str, Any]) -> bool:
         inits = COMPOSITIONS[row["composition"]].inits
         if inits is not None and row["init"] not in inits:
             return False
+    # a model whose eager twin replays Thunder's dropout masks does so in training only
+    if "model" in row and MODELS[row["model"]].output_dropout is not None and row.get("scenario", "train") != "train":
+        return False
     # FSDP's sharding does not apply to DDP: its cells carry the default (bucketing names a
     # bucket size there: collectives.ddp_bucket_mb)
     replicated = "composition" in row and COMPOSITIONS[row["composition"]].replicated
@@ -79,8 +82,10 @@ def pairwise_values(profile: str, world_size: int, unsupported: Collection[str] 
     like any other axis."""
     values = axis_values(world_size, unsupported)
     # DDP's compositions get arrays of their own (``replicated_values``): FSDP's sharding and
-    # bucketing do not apply to them, and a constraint pinning those would bloat this array
+    # bucketing do not apply to them, and a constraint pinning those would bloat this array;
+    # so do the models that train only (``trains_only_values``)
     values["composition"] = [c for c in values["composition"] if not COMPOSITIONS[c].replicated]
+    values["model"] = [m for m in values["model"] if m not in TRAINS_ONLY]
     if profile == "ci":
         # left out rather than narrowed to one value: the array (covertable's) is then the
         # one ci had before the axis, cell for cell
@@ -88,12 +93,29 @@ def pairwise_values(profile: str, world_size: int, unsupported: Collection[str] 
     return values
 
 
+# models whose eager twin replays Thunder's dropout masks (conformance/rank/dropout.py), which
+# only training does: they run no scenario beyond it. A constraint over the scenario axis made
+# covertable's strength-3 array take minutes, so they get arrays of their own instead
+TRAINS_ONLY = tuple(m for m, fixture in MODELS.items() if fixture.output_dropout is not None)
+
+
+def trains_only(values: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """An array's values (FSDP's or DDP's) for the models that train only: those models, the
+    scenario ``train``; nothing where there are no such models."""
+    if not TRAINS_ONLY:
+        return {}
+    # only the ties those models offer: a value no row may take would leave its pairs to chase
+    ties = [t for t in values["tie"] if any(t in MODELS[m].ties for m in TRAINS_ONLY)]
+    return {**values, "model": list(TRAINS_ONLY), "tie": ties, "scenario": ["train"]}
+
+
 def replicated_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
     """The values that apply to DDP's compositions (those the Thunder under test offers):
-    every axis's but FSDP's sharding and bucketing, which its cells carry at their defaults,
-    and the inits DDP can express. Empty compositions where it offers none."""
+    every axis's but FSDP's sharding, which its cells carry at its default, and the inits DDP
+    can express (the models that train only aside). Empty compositions where it offers none."""
     values = axis_values(world_size, unsupported)
     values["composition"] = [c for c in values["composition"] if COMPOSITIONS[c].replicated]
+    values["model"] = [m for m in values["model"] if m not in TRAINS_ONLY]
     values["sharding"] = ["zero2"]
     values["init"] = [
         i
@@ -261,6 +283,16 @@ DDP_CI = (
 )
 
 
+# ci's cells of the models that train only (the dropout whose masks the eager models replay):
+# both FSDP compositions and a DDP one, real and meta init, ZERO3, bucketing, bfloat16,
+# offloading
+TRAINS_ONLY_CI = (
+    Cell("dropout_head", "real", "fsdp_jit", sharding="zero3", dtype="bfloat16"),
+    Cell("dropout_head", "meta_module_init", "jit_fsdp", bucketing="layer", offload="all"),
+    Cell("dropout_head", "real_broadcast_first", "ddp_jit", dtype="bfloat16"),
+)
+
+
 # ci's cells at the boundary world sizes: models with a first dimension the world size does
 # not divide (litgpt's 37 and tied_lm's 16 at 3; 7, 9 and 33 at 4), ZERO3, a broadcast from
 # the first and from the last rank, and the state dict the kit shards itself (padded) at each
@@ -309,16 +341,19 @@ def cells(profile: str, world_size: int, unsupported: Mapping[str, str]) -> list
     runs = pairwise_values(profile, world_size, unsupported)
     ddp = replicated_values(world_size, unsupported)
     if profile == "ci":
-        at_size = (dataclasses.replace(c, world_size=world_size) for c in (*SCENARIO_CI, *DDP_CI))
+        at_size = (dataclasses.replace(c, world_size=world_size) for c in (*SCENARIO_CI, *DDP_CI, *TRAINS_ONLY_CI))
         picked = (_runnable(c, unsupported) for c in (*at_size, *BOUNDARY_CI, *simulated.CI))
         selected = [*_covering(runs), *(c for c in picked if c is not None)]
     elif profile == "nightly":
         # every triple at the session's size; the boundary sizes get what full gives them
         # (a pairwise array each), which covers everything BOUNDARY_CI was picked for
-        # DDP: a pairwise array over the axes that apply to it
+        # DDP: a pairwise array over the axes that apply to it; the models that train only:
+        # a pairwise array with FSDP's compositions and one with DDP's
         selected = [
             *_covering(runs, strength=3),
             *(_covering(ddp) if ddp["composition"] else ()),
+            *(_covering(trains_only(runs)) if TRAINS_ONLY else ()),
+            *(_covering(trains_only(ddp)) if TRAINS_ONLY and ddp["composition"] else ()),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]
@@ -326,6 +361,8 @@ def cells(profile: str, world_size: int, unsupported: Mapping[str, str]) -> list
         selected = [
             *_full(runs),
             *_full(ddp),
+            *(_full(trains_only(runs)) if TRAINS_ONLY else ()),
+            *(_full(trains_only(ddp)) if TRAINS_ONLY else ()),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]

@@ -7,6 +7,9 @@ run every rank's micro-batch in turn. So an eager model keeps one set of buffers
 rank r's forward runs with set r loaded and saves what it made of it back; between steps the
 model holds this rank's set, the one its Thunder module must equal. A model whose forward
 updates nothing has every set equal, and nothing changes.
+
+The other per-rank state of an eager model is which rank's dropout mask a replayed dropout
+applies (conformance/rank/dropout.py): running rank r's micro-batch points it at r's.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+
+from conformance.rank.dropout import point_at
 
 
 class PerRank:
@@ -45,6 +50,7 @@ class PerRank:
         (False: a forward beside the training, e.g. one measured for eager's peak, leaves no
         trace)."""
         self._bind(self.sets[r] if keep else self._cloned(self.sets[r]))
+        point_at(self.module, r)
         try:
             yield
         finally:

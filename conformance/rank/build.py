@@ -19,6 +19,7 @@ from conformance.checks.storages import tied_duplicates
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import SetupPlan, StateDictKind, plan
 from conformance.rank import measure
+from conformance.rank.dropout import replace_output_dropout
 from conformance.rank.gather import clones, gather, shard, snapshot
 from fixtures import inits, patterns
 from fixtures.compositions import COMPOSITIONS, Composition, Setup
@@ -111,6 +112,7 @@ def build_reference(recipe: Recipe) -> Reference:
     torch.manual_seed(SEED + recipe.source)
     with torch.device(recipe.device), measure.measure(recipe.device) as construction:
         module = recipe.make().to(recipe.dtype)
+    replace_output_dropout(module, recipe.fixture.output_dropout)
     return Reference(
         module=module,
         shapes={n: p.shape for n, p in module.named_parameters()},

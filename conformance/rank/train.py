@@ -23,6 +23,7 @@ from conformance.checks.record import MEASURED_STEP, ParametersAfter, SavedTenso
 from conformance.checks.storages import distinct_storages
 from conformance.rank.buffers import PerRank
 from conformance.rank.build import SEED, Recipe, Reference
+from conformance.rank.dropout import drawn_masks, replayed
 from conformance.rank.eager import Tensors, eager_gradients, float32_input, holding, loss, mean_loss
 from conformance.rank.gather import cpu_copies, snapshot
 from conformance.rank.measure import Ledger, measure
@@ -80,6 +81,7 @@ class _Lockstep:
         self.reference_buffers = PerRank(self.reference.module, self.world)
         self.golden_buffers = PerRank(self.golden, self.world) if self.golden is not None else None
         self.weights = self.reference.gather(self.thunder)  # the Thunder module's, as the next step starts
+        self.replays = replayed(self.reference.module, self.golden)
 
     def twin_at_thunder_weights(
         self, inputs: list[torch.Tensor], cotangents: list[torch.Tensor]
@@ -108,6 +110,10 @@ class _Lockstep:
         held_before = ledger.read()
         with ledger.phase(settle=measured) as forward:
             out = tm(inputs[rank])
+        if self.replays:  # the eager models apply the masks the ranks' Thunder modules drew
+            masks = drawn_masks(out)
+            for replay in self.replays:
+                replay.masks = masks
         if measured:
             training.saved = _saved_tensors(out)
         ref_outs = self.reference_buffers.forward(inputs)
