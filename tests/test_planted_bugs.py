@@ -199,7 +199,7 @@ ON_CI: dict[str, tuple[Pred, ...]] = {
         lambda c: ACCUMULATE(c) and not TRANSFORMED_SD(c),
     ),
     "dropout_mask_frozen": (DROPOUT, lambda c: DROPOUT(c) and BF16(c), lambda c: c.model == "mlp"),
-    "dropout_drops_half": (DROPOUT, lambda c: DROPOUT(c) and c.composition == "ddp_jit", lambda c: c.model == "mlp"),
+    "dropout_drops_half": (DROPOUT, lambda c: DROPOUT(c) and c.composition == "jit_fsdp", lambda c: c.model == "mlp"),
     "frozen_parameters_trained": (
         lambda c: FROZEN(c) and c.composition == "fsdp_jit",
         FROZEN_JIT_FSDP,
