@@ -9,7 +9,8 @@ import torch
 from conformance.checks.collectives import expected_counts, scenario_counts
 from conformance.checks.findings import Findings
 from conformance.checks.numerics import judge_scenario
-from conformance.checks.record import ScenarioRecord
+from conformance.checks.record import Compared, Resumed, ScenarioRecord
+from conformance.checks.state_dict import judge_resumed
 from fixtures.models import MLP, LoRA
 
 WHAT = "gradients accumulated over 2 micro-steps"
@@ -107,3 +108,49 @@ def test_scenario_counts_follow_from_the_training_expectation(model: type, shard
     # a second input shape changes no count
     reshaped = scenario_counts("reshape", trained)
     assert {phase: counts for phase, (_, counts) in reshaped.items()} == trained
+
+
+def _resumed(**changes) -> Resumed:
+    """A full checkpoint's round trip that conforms, with ``changes`` applied."""
+    weights = _grads(3)
+    record = Resumed(
+        "full",
+        taken={k: v.clone() for k, v in weights.items()},
+        truth={k: v.clone() for k, v in weights.items()},
+        compared=[Compared("weights after loading", dict(weights), dict(weights))],
+    )
+    for name, value in changes.items():
+        setattr(record, name, value)
+    return record
+
+
+def test_a_conforming_round_trip_finds_nothing() -> None:
+    found = Findings()
+    judge_resumed(found, _resumed(), {"w", "b"})
+    assert found.failures == []
+
+
+def test_a_resumed_module_that_differs_anywhere_fails_exactly() -> None:
+    weights = _grads(3)
+    off = {"w": weights["w"], "b": weights["b"] + 1e-7}  # one ulp-scale change: bit for bit means bit for bit
+    found = Findings()
+    judge_resumed(found, _resumed(compared=[Compared("weights after loading", off, weights)]), {"w", "b"})
+    assert [f.split(":")[0] for f in found.failures] == ["full checkpoint resumed"]
+    assert found.failures[0].startswith("full checkpoint resumed: weights after loading [b]")
+
+
+def test_what_thunder_got_wrong_in_a_checkpoint_is_a_finding_never_a_crash() -> None:
+    weights = _grads(3)
+    wrong = {"w": torch.full((5, 3), float("nan")), "b": weights["b"][:2], "stray": weights["b"]}
+    found = Findings()
+    judge_resumed(
+        found,
+        _resumed(taken=wrong, api_error="RuntimeError: no CUDA", error="KeyError: 'b'", compared=[]),
+        {"w", "b"},
+    )
+    heads = [f.split("\n")[0] for f in found.failures]
+    assert heads[0] == "full checkpoint: thunder.distributed.checkpoint.get_model_state_dict raised RuntimeError"
+    assert "full checkpoint keys: missing [], unexpected ['stray']" in heads
+    assert any(h.startswith("full checkpoint after training [w]") for h in heads)  # NaN
+    assert any(h.startswith("full checkpoint after training [b]") for h in heads)  # a wrong shape
+    assert heads[-1] == "full checkpoint resumed: Thunder raised KeyError"
