@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from conformance.checks.area import Area
 from conformance.checks.findings import Findings
-from conformance.checks.record import CellRecord, Resumed
+from conformance.checks.record import CellRecord, Resumed, Tensors
 from conformance.checks.storages import tied_duplicates
 
 
@@ -24,27 +24,33 @@ def check(run: CellRecord) -> Findings:
     record = run.state_dict
     duplicates = tied_duplicates(run.reference)
     expected = {k: v for k, v in record.reference.items() if k not in duplicates}
-    with found.expect("original_state_dict keys"):
-        missing = sorted(set(expected) - set(record.original))
-        extra = sorted(set(record.original) - set(record.reference))
-        assert not missing and not extra, f"missing {missing}, unexpected {extra}"
     # the shards gathered by the kit when original_state_dict() was taken
     gathered = {**record.buffers, **(record.gathered or run.steps[-1].after.thunder)}
     on_shards = {k: v for k, v in gathered.items() if k in expected}
-    # a key missing or unexpected is the keys' finding above; the values are compared where both have one
-    both = set(record.original) & set(on_shards)
-    found.close(
-        "original_state_dict after training",
-        {k: v for k, v in record.original.items() if k in both},
-        {k: v for k, v in on_shards.items() if k in both},
-        rtol=0.0,
-        atol=0.0,
-    )
+    _entries(found, "original_state_dict", record.original, on_shards, set(expected), set(record.reference))
     found.close("load_original_state_dict round trip", record.reloaded, record.loaded, rtol=0.0, atol=0.0)
     if run.scenario is not None:
         for resumed in run.scenario.resumed:
             judge_resumed(found, resumed, set(record.reference))
     return found
+
+
+def _entries(found: Findings, what: str, got: Tensors, truth: Tensors, required: set[str], allowed: set[str]) -> None:
+    """A state dict Thunder gave against what the kit gathered: every ``required`` key there
+    and none outside ``allowed`` (``what keys``), and, exactly, the value of every key both
+    hold (``what after training``: a key missing or unexpected is the keys' finding)."""
+    with found.expect(f"{what} keys"):
+        missing = sorted(required - set(got))
+        extra = sorted(set(got) - allowed)
+        assert not missing and not extra, f"missing {missing}, unexpected {extra}"
+    both = set(got) & set(truth)
+    found.close(
+        f"{what} after training",
+        {k: v for k, v in got.items() if k in both},
+        {k: v for k, v in truth.items() if k in both},
+        rtol=0.0,
+        atol=0.0,
+    )
 
 
 def judge_resumed(found: Findings, resumed: Resumed, eager_keys: set[str]) -> None:
@@ -58,18 +64,7 @@ def judge_resumed(found: Findings, resumed: Resumed, eager_keys: set[str]) -> No
         found.failures.append(
             f"{what}: thunder.distributed.checkpoint.get_model_state_dict raised {kind}\n{resumed.api_error}"
         )
-    with found.expect(f"{what} keys"):
-        missing = sorted(set(resumed.truth) - set(resumed.taken))
-        extra = sorted(set(resumed.taken) - eager_keys)
-        assert not missing and not extra, f"missing {missing}, unexpected {extra}"
-    both = set(resumed.truth) & set(resumed.taken)
-    found.close(
-        f"{what} after training",
-        {k: v for k, v in resumed.taken.items() if k in both},
-        {k: v for k, v in resumed.truth.items() if k in both},
-        rtol=0.0,
-        atol=0.0,
-    )
+    _entries(found, what, resumed.taken, resumed.truth, set(resumed.truth), eager_keys)
     if resumed.error is not None:
         # the first line names the kind of refusal (what an xfails entry pins), the next what Thunder said
         found.failures.append(f"{what} resumed: Thunder raised {resumed.error.split(':', 1)[0]}\n{resumed.error}")
