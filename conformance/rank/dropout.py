@@ -32,8 +32,10 @@ class ReplayedDropout(nn.Module):
         if self.masks is None:
             return x
         mask = self.masks[self.rank].to(x.device)
-        if mask.shape != x.shape:  # the kit's own mistake, never Thunder's: the shapes are eager's
-            raise ValueError(f"a replayed dropout mask of shape {tuple(mask.shape)} for an input of {tuple(x.shape)}")
+        if mask.shape != x.shape:
+            # Thunder's output had another shape than eager's: nothing to replay; the output
+            # comparison names the wrong shape (a finding, not the end of the cell)
+            return x
         return x * (mask.to(x.dtype) / (1 - self.p))
 
 
