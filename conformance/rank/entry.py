@@ -22,7 +22,7 @@ from conformance.matrix.cells import Cell
 from conformance.matrix.plan import expects_reset_error
 from conformance.rank import measure
 from conformance.rank.build import Recipe, Reference, Unsupported, build_reference, compose, rank_device, recipe
-from conformance.rank.gather import clones, cpu_copies, identical
+from conformance.rank.gather import clones, cpu_copies, identical, on_every_rank
 from conformance.rank.scenarios import run_scenario
 from conformance.rank.simulate import run_simulated
 from conformance.rank.train import train
@@ -97,8 +97,7 @@ def record_setup(parts: Recipe, reference: Reference, tm: Any) -> SetupRecord:
     (module init), the reference adopts them so that the steps can be compared."""
     placement = {n: str(t.device) for n, t in (*tm.named_parameters(), *tm.named_buffers())}
     buffers = cpu_copies(tm.named_buffers())
-    on_ranks: list[dict[str, torch.Tensor]] = [{} for _ in range(dist.get_world_size())]
-    dist.all_gather_object(on_ranks, buffers)  # a few small tensors: shapes may differ, a broadcast could not
+    on_ranks = on_every_rank(buffers)
     setup = SetupRecord(
         placement=placement,
         initial=reference.gather(tm),

@@ -83,6 +83,14 @@ def cpu_copies(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Ten
     return {n: t.detach().cpu().clone() for n, t in named}
 
 
+def on_every_rank(values: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """Every rank's ``values`` (a few small CPU tensors, such as buffers), by rank: an object
+    all-gather, as their shapes may differ from rank to rank, which a tensor collective forbids."""
+    every: list[dict[str, torch.Tensor]] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(every, values)
+    return every
+
+
 def identical(a: torch.Tensor, b: torch.Tensor | None) -> bool:
     """Whether ``b`` is ``a``: the same shape, dtype and values."""
     return b is not None and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)

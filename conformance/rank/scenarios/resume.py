@@ -32,7 +32,7 @@ import torch.distributed as dist
 from conformance.checks.record import Compared, Resumed, ScenarioRecord
 from conformance.rank.build import Recipe, Reference, compose
 from conformance.rank.eager import loss
-from conformance.rank.gather import cpu_copies, identical, shard
+from conformance.rank.gather import cpu_copies, identical, on_every_rank, shard
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch
 from fixtures.optimizers import OPTIMIZERS
 
@@ -197,8 +197,7 @@ def _moment(
 def _unlike_on_ranks(tm: Any) -> set[str]:
     """Names of the buffers whose value is not the same on every rank."""
     mine = cpu_copies(tm.named_buffers())
-    every: list[Tensors] = [{} for _ in range(dist.get_world_size())]
-    dist.all_gather_object(every, mine)
+    every = on_every_rank(mine)
     return {n for n, t in mine.items() if any(not identical(t, other.get(n)) for other in every)}
 
 
