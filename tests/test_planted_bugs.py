@@ -96,9 +96,9 @@ EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
     "shards_copied_from_rank0": {"materialization": (MODULE_INIT, NONE, "shards of ranks 0 and 1 (")},
     "small_tensor_constant": {"materialization": (MODULE_INIT, NONE, "values equal")},
     # near the thresholds, on one step, one rank, one path
-    # caught in float32; in bfloat16 eager's own drift from the float32 twin reaches a few
-    # percent by step 4, above the 1% planted here (README: Numerics, what is not caught)
-    "gradient_off_later_step": {"numerics": (lambda c: not BF16(c), NONE, "at step 4 (AdamW)")},
+    # in bfloat16 eager's own drift from the float32 twin reaches a few percent by step 4,
+    # above the 1% planted here: the gradient's scale against eager's at the same weights sees it
+    "gradient_off_later_step": {"numerics": (ALL, NONE, "at step 4 (AdamW)")},
     "gradient_off_on_last_rank": {"numerics": (ALL, NONE, "gradients at step 0")},
     "gradients_lost_later_step": {"numerics": (ALL, NONE, "at step 2 (SGD)")},
     "bfloat16_gradients_scaled": {"numerics": (BF16, NONE, "gradients at step 0")},

@@ -37,6 +37,7 @@ from conformance.checks.area import Area
 from conformance.checks.findings import Findings
 from conformance.checks.record import CellRecord, ParametersAfter, ScenarioRecord, StepRecord
 from conformance.checks.storages import tie_groups
+from conformance.matrix.cells import Cell
 from fixtures.models import MODELS
 from fixtures.optimizers import OPTIMIZERS, Optimizer
 from fixtures.options import MICRO_STEPS
@@ -86,6 +87,11 @@ def check(run: CellRecord) -> Findings:
                 failed.add(kind)
         if low and "update" not in failed and not _update(found, k, phase, before, run.dtype, moved):
             failed.add("update")
+        if low and "gradient scale" not in failed and step.local_at_thunder_grads is not None:
+            what = f"gradient scale at step {k} ({step.optimizer})"
+            constants = scale_constants(run.cell)
+            if not judge_gradient_scale(found, what, step.grads, step.local_at_thunder_grads, run.dtype, constants):
+                failed.add("gradient scale")
         before = step.after
 
     fixture = MODELS.get(run.cell.model)
@@ -139,6 +145,87 @@ def judge_dropout(found: Findings, outputs: list[torch.Tensor], p: float) -> Non
         with found.expect(f"dropout mask at step {k}"):
             same = masks[k].shape == masks[k - 1].shape and torch.equal(masks[k], masks[k - 1])
             assert not same, f"the mask of step {k - 1} again: the dropout did not draw anew"
+
+
+# how many standard deviations of the roundings' own scatter a gradient's scale may stray
+# from eager's at the same weights: at most 3.2 of them were measured on the ci profile's
+# bfloat16 cells (pin, every tensor and step), so a false alarm needs twice the worst seen
+SCALE_DEVIATIONS = 6.0
+SCALE_MIN_ELEMENTS = 64  # a tensor judged alone needs this many elements to estimate its scatter
+
+
+def scale_constants(cell: Cell) -> list[float]:
+    """The constants that scale every gradient of ``cell`` on its way, which an implementation
+    may round in the cell's dtype or not: 1/world_size (averaging over the ranks) and the
+    model's dropout scale 1/(1 - p)."""
+    constants = [1.0 / cell.world_size]
+    fixture = MODELS.get(cell.model)
+    if fixture is not None and fixture.output_dropout is not None:
+        constants.append(1.0 / (1.0 - fixture.output_dropout))
+    return constants
+
+
+def judge_gradient_scale(
+    found: Findings, what: str, actual: Tensors, local: Tensors, dtype: torch.dtype, constants: list[float]
+) -> bool:
+    """Below float32, a gradient off by a scale that eager's rounding hides elementwise (1%
+    is about one bfloat16 rounding), on any step. ``local``: eager's gradients of each rank's
+    own loss at the weights the Thunder module held as the step began, in the cell's dtype,
+    averaged exactly: what the ranks hand their reduction. Thunder's reduced gradient T
+    differs from that S by the reduction's roundings and its local computation's, which round
+    to nearest and so do not point along the gradient: the scale a = <T - S, S> / <S, S> is
+    zero but for their scatter, which the residuals r = T - S - a S estimate:
+    sd(a)^2 = sum over units of (sum over the unit of r * S)^2 / <S, S>^2, the units being a
+    tensor's elements, plus (for a matrix) its rows and its columns, because a rounded
+    upstream gradient spreads along a row of a Linear's weight gradient and a rounded
+    activation along a column. Allowed on top: what rounding each of ``constants``
+    (``scale_constants``) in the dtype changes it by. Judged over all gradients together
+    and per tensor of at least SCALE_MIN_ELEMENTS elements (unless all are off)."""
+    systematic = sum(abs(torch.tensor(c, dtype=dtype).double().item() / c - 1.0) for c in constants)
+    pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for n, s in local.items():
+        t = actual.get(n)
+        if t is None or t.shape != s.shape or not t.is_floating_point() or not bool(t.isfinite().all()):
+            continue  # reported by the elementwise comparison
+        if not s.numel():
+            continue
+        pairs[n] = (_rows(t), _rows(s))
+    failures = len(found.failures)
+    worst = 0.0
+    groups = {"all": list(pairs)} | {n: [n] for n, (_, s) in pairs.items() if s.numel() >= SCALE_MIN_ELEMENTS}
+    for label, names in groups.items():
+        members = [pairs[n] for n in names]
+        size = sum(float((s * s).sum()) for _, s in members)
+        if size == 0.0 or sum(s.numel() for _, s in members) < SCALE_MIN_ELEMENTS:
+            continue
+        scale = sum(float(((t - s) * s).sum()) for t, s in members) / size
+        scatter = 0.0
+        for t, s in members:
+            x = (t - s - scale * s) * s
+            scatter += float((x * x).sum())
+            if x.shape[1] > 1:  # a matrix: its rows and its columns too
+                scatter += float((x.sum(1) ** 2).sum()) + float((x.sum(0) ** 2).sum())
+        sd = math.sqrt(scatter) / size
+        bound = systematic + SCALE_DEVIATIONS * sd
+        worst = max(worst, abs(scale) / bound if bound else (0.0 if scale == 0 else float("inf")))
+        if label == "all":
+            found.metrics[f"{what} (all gradients)"] = {"scale": 1 + scale, "bound": bound}
+        elif len(found.failures) > failures:
+            continue  # all of them are off: each tensor's scale would say it again
+        with found.expect(f"{what} [{label}]"):
+            assert abs(scale) <= bound, (
+                f"Thunder's gradients are {1 + scale:.5f} x eager's at the same weights (each rank's own in "
+                f"{str(dtype).removeprefix('torch.')}, averaged); the roundings scatter that by {sd:.2e}: "
+                f"at most 1 +- {bound:.2e} ({SCALE_DEVIATIONS:g} of those"
+                + (f", plus {systematic:.2e} from scale constants rounded in that dtype)" if systematic else ")")
+            )
+    found.metrics[f"{what} |scale| / bound (worst)"] = worst
+    return len(found.failures) == failures
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float64 as a matrix of its rows (dim 0 by the rest; a vector: one column)."""
+    return t.double().reshape(t.shape[0] if t.dim() else 1, -1)
 
 
 def judge_scenario(found: Findings, record: ScenarioRecord, dtype: torch.dtype) -> None:

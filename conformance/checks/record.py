@@ -62,6 +62,9 @@ class StepRecord:
     # makes of this step's
     twin_at_thunder_output: torch.Tensor | None = None
     twin_at_thunder_grads: Tensors | None = None
+    # below float32: eager's gradients of each rank's own loss at those weights, in the
+    # cell's dtype, averaged over the ranks in float64 (what the reduction is handed)
+    local_at_thunder_grads: Tensors | None = None
     # buffers after the step: this rank's Thunder module's, and what eager made of this rank's
     # micro-batches alone (a buffer the forward updates, such as running statistics, is per rank)
     buffers: Tensors = dataclasses.field(default_factory=dict)

@@ -60,3 +60,26 @@ def eager_gradients(
     grads = torch.autograd.grad(mean_loss(outs, cotangents), [p for _, p in named], allow_unused=True)
     pairs = ((n, g) for (n, _), g in zip(named, grads, strict=True) if g is not None)
     return [o.detach().cpu() for o in outs], cpu_copies(pairs)
+
+
+def local_mean_gradients(
+    module: nn.Module, inputs: list[torch.Tensor], cotangents: list[torch.Tensor], buffers: PerRank | None = None
+) -> Tensors:
+    """Each rank's gradient of its own loss alone, computed by ``module`` in its dtype (as a
+    data-parallel rank computes it before any reduction), averaged over the ranks in float64:
+    the exact mean of what the ranks would hand their reduction. Against the Thunder module's
+    reduced gradient at the same weights, what differs is the reduction's rounding and the
+    local computation's, never a scale (conformance/checks/numerics.judge_gradient_scale)."""
+    outs = [module(x) for x in inputs] if buffers is None else buffers.forward(inputs)
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    total: dict[str, torch.Tensor] = {}
+    for r, (out, cotangent) in enumerate(zip(outs, cotangents, strict=True)):
+        last = r == len(outs) - 1
+        grads = torch.autograd.grad(
+            loss(out, cotangent), [p for _, p in named], allow_unused=True, retain_graph=not last
+        )
+        for (n, _), g in zip(named, grads, strict=True):
+            if g is not None:
+                g = g.detach().to("cpu", torch.float64)
+                total[n] = total[n] + g if n in total else g
+    return {n: t / len(outs) for n, t in total.items()}

@@ -137,7 +137,7 @@ class Ledger:
     def read(self, thorough: bool = False) -> int:
         """What is held now (frees since the last phase included). Reference cycles that
         hold tensors are collected first: the young generations always (microseconds),
-        every generation where ``thorough`` (a tenth of a second with Thunder loaded)."""
+        every generation where ``thorough`` (what the task made: the rank loop froze the rest)."""
         if self._tracker is not None:
             gc.collect() if thorough else gc.collect(1)
             _settle(self._tracker)  # gloo's threads may still hold a finished collective's output

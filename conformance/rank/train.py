@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import gc
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +23,15 @@ from conformance.checks.storages import distinct_storages
 from conformance.rank.buffers import PerRank
 from conformance.rank.build import SEED, Recipe, Reference
 from conformance.rank.dropout import drawn_masks, replayed
-from conformance.rank.eager import Tensors, eager_gradients, float32_input, holding, loss, mean_loss
+from conformance.rank.eager import (
+    Tensors,
+    eager_gradients,
+    float32_input,
+    holding,
+    local_mean_gradients,
+    loss,
+    mean_loss,
+)
 from conformance.rank.gather import cpu_copies, snapshot
 from conformance.rank.measure import Ledger, measure
 from fixtures.optimizers import OPTIMIZERS
@@ -95,6 +102,13 @@ class _Lockstep:
         twin = holding(self.golden, self.weights)
         return eager_gradients(twin, inputs, cotangents, self.golden_buffers.clones_for(twin), float32=True)
 
+    def reference_at_thunder_weights(self) -> tuple[nn.Module, PerRank]:
+        """A copy of the reference holding the weights the Thunder module holds as this step
+        starts (exactly: the same dtype), with copies of every rank's buffers as they stand
+        now (take it before the reference's forward of this step updates them)."""
+        at_thunder = holding(self.reference.module, self.weights)
+        return at_thunder, self.reference_buffers.clones_for(at_thunder)
+
     def optimizers(self, make: Callable[[Any], torch.optim.Optimizer]) -> list[torch.optim.Optimizer | None]:
         """One per model, the Thunder module's first, the shard twins' last."""
         thunder, reference = make(self.thunder.parameters()), make(self.reference.module.parameters())
@@ -116,6 +130,9 @@ class _Lockstep:
                 replay.masks = masks
         if measured:
             training.saved = _saved_tensors(out)
+        # below float32: eager in the cell's dtype at the Thunder module's weights, each rank's
+        # own gradient (numerics.judge_gradient_scale)
+        at_thunder = self.reference_at_thunder_weights() if golden is not None else None
         ref_outs = self.reference_buffers.forward(inputs)
         cotangents = [
             torch.randn(o.shape, generator=generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
@@ -135,11 +152,13 @@ class _Lockstep:
                 training.eager_peaks.update({f"float32 {k}": v for k, v in twin.items()})
         # FSDP averages gradients over ranks: the reference loss is the mean of the ranks' losses.
         mean_loss(ref_outs, cotangents).backward()
-        golden_outs = twin_at_thunder = None
+        golden_outs = twin_at_thunder = local_at_thunder = None
         if golden is not None and self.golden_buffers is not None:
             twin_at_thunder = self.twin_at_thunder_weights(inputs, cotangents)
             golden_outs = self.golden_buffers.forward([float32_input(x) for x in inputs])
             mean_loss(golden_outs, [c.float() for c in cotangents]).backward()
+        if at_thunder is not None:
+            local_at_thunder = local_mean_gradients(at_thunder[0], inputs, cotangents, at_thunder[1])
         grads = self.reference.gather(tm, grads=True)
         reference_grads = snapshot(reference, grads=True)
         golden_grads = None if golden is None else snapshot(golden, grads=True)
@@ -178,6 +197,7 @@ class _Lockstep:
                 golden_grads=golden_grads,
                 twin_at_thunder_output=None if twin_at_thunder is None else twin_at_thunder[0][rank],
                 twin_at_thunder_grads=None if twin_at_thunder is None else twin_at_thunder[1],
+                local_at_thunder_grads=local_at_thunder,
                 buffers=cpu_copies(tm.named_buffers()),
                 reference_buffers=cpu_copies(reference.named_buffers()),
                 golden_buffers=None if golden is None else cpu_copies(golden.named_buffers()),
@@ -196,21 +216,15 @@ def train(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) 
     lockstep = _Lockstep(recipe, reference, tm, golden, rank, world)
     training = lockstep.training
     step = 0
-    # What lives before the first step (Thunder, torch, the modules) is frozen out of the
-    # collector, so that the full collection before each reading of what a step left held
-    # walks only what training made: it found the same cycles in a tenth of the time.
-    gc.collect()
-    gc.freeze()
-    try:
-        for opt_name, optimizer in OPTIMIZERS.items():
-            optimizers = lockstep.optimizers(optimizer.make)
-            for _ in range(STEPS):
-                began = time.perf_counter()
-                lockstep.step(step, opt_name, optimizers)
-                training.timings[f"step{step}_s"] = time.perf_counter() - began
-                step += 1
-    finally:
-        gc.unfreeze()
+    # The full collection before each reading of what a step left held walks only what this
+    # cell made: the rank loop froze what the process held before (conformance/world/rankloop.py).
+    for opt_name, optimizer in OPTIMIZERS.items():
+        optimizers = lockstep.optimizers(optimizer.make)
+        for _ in range(STEPS):
+            began = time.perf_counter()
+            lockstep.step(step, opt_name, optimizers)
+            training.timings[f"step{step}_s"] = time.perf_counter() - began
+            step += 1
     return training
 
 

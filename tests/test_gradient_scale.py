@@ -1,0 +1,101 @@
+"""The gradient-scale comparison below float32 (numerics.judge_gradient_scale), on gradients
+built the way data-parallel ranks build them: each rank's Linear weight gradient from its own
+micro-batch, the reference computed by eager from a bfloat16 upstream gradient, "Thunder"
+from the float32 one, rounding once (as a fusing executor does), and then reducing in
+bfloat16 (sum, then divide by the world size).
+No Thunder and no world: the statistic alone, over many draws."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.checks.findings import Findings
+from conformance.checks.numerics import judge_gradient_scale, scale_constants
+from conformance.matrix.cells import Cell
+
+SHAPES = {"fc1.weight": (32, 24), "fc2.weight": (16, 32), "fc2.bias": (16,)}
+BF16 = torch.bfloat16
+
+
+def _ranks(seed: int, world: int = 2) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(eager's local gradients averaged exactly, the reduced gradients a conforming
+    implementation hands back), by name."""
+    g = torch.Generator().manual_seed(seed)
+    local: dict[str, torch.Tensor] = {}
+    reduced: dict[str, torch.Tensor] = {}
+    for name, shape in SHAPES.items():
+        eager, fused = [], []
+        for _ in range(world):
+            # the upstream gradient as float32 computes it: eager rounds it to bfloat16 before
+            # the matmul (one rounding shared along a row of the weight gradient), the fused
+            # implementation does not
+            upstream = torch.randn(8, shape[0], generator=g)
+            if len(shape) == 2:
+                x = torch.randn(8, shape[1], generator=g).to(BF16)
+                eager.append(upstream.to(BF16).T @ x)  # bfloat16 matmul
+                fused.append((upstream.T @ x.float()).to(BF16))
+            else:
+                eager.append(upstream.to(BF16).sum(0))
+                fused.append(upstream.sum(0).to(BF16))
+        local[name] = sum(e.double() for e in eager) / world
+        total = fused[0]
+        for f in fused[1:]:
+            total = total + f  # rounded in bfloat16 at every addition
+        reduced[name] = total / world
+    return local, reduced
+
+
+def _judge(actual: dict[str, torch.Tensor], local: dict[str, torch.Tensor], world: int = 2) -> Findings:
+    found = Findings()
+    judge_gradient_scale(found, "gradient scale at step 4 (AdamW)", actual, local, BF16, [1.0 / world])
+    return found
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_roundings_alone_pass(world: int) -> None:
+    for seed in range(40):
+        local, reduced = _ranks(seed, world)
+        found = _judge(reduced, local, world)
+        assert not found.failures, (seed, found.failures)
+
+
+@pytest.mark.parametrize("scale", [1.01, 0.99])
+def test_one_percent_fails_once(scale: float) -> None:
+    for seed in range(10):
+        local, reduced = _ranks(seed)
+        found = _judge({n: (t.float() * scale).to(BF16) for n, t in reduced.items()}, local)
+        assert len(found.failures) == 1, found.failures  # all of them: no tensor repeats it
+        assert found.failures[0].startswith("gradient scale at step 4 (AdamW) [all]: Thunder's gradients are ")
+        measured = float(found.failures[0].split("gradients are ")[1].split(" x ")[0])
+        assert abs(measured - scale) < 1e-3, found.failures[0]
+
+
+def test_one_tensor_off_is_named() -> None:
+    local, reduced = _ranks(0)
+    reduced["fc1.weight"] = (reduced["fc1.weight"].float() * 1.02).to(BF16)
+    failures = _judge(reduced, local).failures
+    assert any("[fc1.weight]" in f for f in failures), failures
+    assert not any("[fc2.weight]" in f for f in failures), failures
+
+
+def test_what_thunder_got_wrong_is_no_crash() -> None:
+    local, reduced = _ranks(0)
+    reduced["fc1.weight"] = torch.full_like(reduced["fc1.weight"], float("nan"))
+    reduced["fc2.weight"] = reduced["fc2.weight"][:3]  # a wrong shape
+    del reduced["fc2.bias"]
+    found = _judge(reduced, local)  # the elementwise comparison names these
+    assert not found.failures
+    assert found.metrics["gradient scale at step 4 (AdamW) |scale| / bound (worst)"] == 0.0
+
+
+def test_scale_constants_come_from_the_cell() -> None:
+    assert scale_constants(Cell("mlp", "real", "jit_fsdp", world_size=3)) == [1 / 3]
+    constants = scale_constants(Cell("dropout_head", "real", "jit_fsdp", world_size=4))
+    assert constants == [1 / 4, 1 / 0.75]
+    # 1/0.75 rounds in bfloat16 to 1.3359375: its rounding is allowed, a scale beyond it is not
+    local, reduced = _ranks(1)
+    found = Findings()
+    rounded = {n: (t.float() * (1.3359375 / (4 / 3))).to(BF16) for n, t in reduced.items()}
+    judge_gradient_scale(found, "gradient scale", rounded, local, BF16, constants)
+    assert not found.failures, found.failures
