@@ -46,6 +46,16 @@ class ParametersAfter:
 
 
 @dataclasses.dataclass
+class RankGradients:
+    """Eager's gradients of each rank's own loss, computed in the cell's dtype at given weights:
+    what data-parallel ranks hand their reduction. Per name, in float64: their mean (exact)
+    and the mean of their magnitudes (what bounds the reduction's own roundings)."""
+
+    mean: Tensors
+    magnitude: Tensors
+
+
+@dataclasses.dataclass
 class StepRecord:
     """One training step: this rank's output, the full gradients, the parameters after it."""
 
@@ -63,8 +73,8 @@ class StepRecord:
     twin_at_thunder_output: torch.Tensor | None = None
     twin_at_thunder_grads: Tensors | None = None
     # below float32: eager's gradients of each rank's own loss at those weights, in the
-    # cell's dtype, averaged over the ranks in float64 (what the reduction is handed)
-    local_at_thunder_grads: Tensors | None = None
+    # cell's dtype (what the reduction is handed)
+    local_at_thunder: RankGradients | None = None
     # buffers after the step: this rank's Thunder module's, and what eager made of this rank's
     # micro-batches alone (a buffer the forward updates, such as running statistics, is per rank)
     buffers: Tensors = dataclasses.field(default_factory=dict)
@@ -164,6 +174,9 @@ class ScenarioRecord:
     grads: Tensors | None = None  # full gradients after the scenario's backward(s), gathered
     reference_grads: Tensors | None = None
     golden_grads: Tensors | None = None
+    # below float32: eager's gradients of each rank's own loss in the cell's dtype
+    # (numerics.Local), where the scenario's gradients are one reduction of the ranks'
+    local: RankGradients | None = None
     # gradients a recognisable mistake would produce, by what names it (eager's and the twin's),
     # so that a failure can say which one Thunder made, e.g. "the last micro-step's alone"
     alternatives: dict[str, tuple[Tensors, Tensors | None]] = dataclasses.field(default_factory=dict)

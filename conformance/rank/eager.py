@@ -9,6 +9,7 @@ import copy
 import torch
 from torch import nn
 
+from conformance.checks.record import RankGradients
 from conformance.rank.buffers import PerRank
 from conformance.rank.gather import cpu_copies
 
@@ -62,17 +63,18 @@ def eager_gradients(
     return [o.detach().cpu() for o in outs], cpu_copies(pairs)
 
 
-def local_mean_gradients(
+def rank_gradients(
     module: nn.Module, inputs: list[torch.Tensor], cotangents: list[torch.Tensor], buffers: PerRank | None = None
-) -> Tensors:
+) -> RankGradients:
     """Each rank's gradient of its own loss alone, computed by ``module`` in its dtype (as a
-    data-parallel rank computes it before any reduction), averaged over the ranks in float64:
-    the exact mean of what the ranks would hand their reduction. Against the Thunder module's
-    reduced gradient at the same weights, what differs is the reduction's rounding and the
-    local computation's, never a scale (conformance/checks/numerics.judge_gradient_scale)."""
+    data-parallel rank computes it before any reduction): their mean over the ranks and the
+    mean of their magnitudes, in float64. Against the Thunder module's reduced gradient at the
+    same weights, what differs is the reduction's rounding and the local computation's, never
+    a scale (conformance/checks/numerics.judge_gradient_scale)."""
     outs = [module(x) for x in inputs] if buffers is None else buffers.forward(inputs)
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     total: dict[str, torch.Tensor] = {}
+    magnitude: dict[str, torch.Tensor] = {}
     for r, (out, cotangent) in enumerate(zip(outs, cotangents, strict=True)):
         last = r == len(outs) - 1
         grads = torch.autograd.grad(
@@ -82,4 +84,6 @@ def local_mean_gradients(
             if g is not None:
                 g = g.detach().to("cpu", torch.float64)
                 total[n] = total[n] + g if n in total else g
-    return {n: t / len(outs) for n, t in total.items()}
+                magnitude[n] = magnitude[n] + g.abs() if n in magnitude else g.abs()
+    w = len(outs)
+    return RankGradients({n: t / w for n, t in total.items()}, {n: t / w for n, t in magnitude.items()})

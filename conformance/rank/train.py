@@ -28,9 +28,9 @@ from conformance.rank.eager import (
     eager_gradients,
     float32_input,
     holding,
-    local_mean_gradients,
     loss,
     mean_loss,
+    rank_gradients,
 )
 from conformance.rank.gather import cpu_copies, snapshot
 from conformance.rank.measure import Ledger, measure
@@ -158,7 +158,7 @@ class _Lockstep:
             golden_outs = self.golden_buffers.forward([float32_input(x) for x in inputs])
             mean_loss(golden_outs, [c.float() for c in cotangents]).backward()
         if at_thunder is not None:
-            local_at_thunder = local_mean_gradients(at_thunder[0], inputs, cotangents, at_thunder[1])
+            local_at_thunder = rank_gradients(at_thunder[0], inputs, cotangents, at_thunder[1])
         grads = self.reference.gather(tm, grads=True)
         reference_grads = snapshot(reference, grads=True)
         golden_grads = None if golden is None else snapshot(golden, grads=True)
@@ -197,7 +197,7 @@ class _Lockstep:
                 golden_grads=golden_grads,
                 twin_at_thunder_output=None if twin_at_thunder is None else twin_at_thunder[0][rank],
                 twin_at_thunder_grads=None if twin_at_thunder is None else twin_at_thunder[1],
-                local_at_thunder_grads=local_at_thunder,
+                local_at_thunder=local_at_thunder,
                 buffers=cpu_copies(tm.named_buffers()),
                 reference_buffers=cpu_copies(reference.named_buffers()),
                 golden_buffers=None if golden is None else cpu_copies(golden.named_buffers()),

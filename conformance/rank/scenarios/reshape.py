@@ -11,7 +11,7 @@ from typing import Any
 from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import final_traces
 from conformance.rank.build import Recipe, Reference
-from conformance.rank.eager import loss
+from conformance.rank.eager import loss, rank_gradients
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients
 
 
@@ -30,6 +30,7 @@ def reshape(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int
     golden_outs, golden = (
         batch_gradients(eager.golden, batch, float32=True) if eager.golden is not None else (None, None)
     )
+    local = rank_gradients(eager.module, batch.inputs, batch.cotangents) if eager.golden is not None else None
     return ScenarioRecord(
         "reshape",
         output=out.detach().cpu(),
@@ -38,5 +39,6 @@ def reshape(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int
         grads=grads,
         reference_grads=expected,
         golden_grads=golden,
+        local=local,
         traces=traces,
     )
