@@ -48,7 +48,7 @@ def _ranks(seed: int, world: int = 2) -> tuple[dict[str, torch.Tensor], dict[str
 
 def _judge(actual: dict[str, torch.Tensor], local: dict[str, torch.Tensor], world: int = 2) -> Findings:
     found = Findings()
-    judge_gradient_scale(found, "gradient scale at step 4 (AdamW)", actual, local, BF16, [1.0 / world])
+    judge_gradient_scale(found, "gradient scale at step 4 (AdamW)", actual, local, BF16, [1.0 / world], world)
     return found
 
 
@@ -65,7 +65,8 @@ def test_one_percent_fails_once(scale: float) -> None:
     for seed in range(10):
         local, reduced = _ranks(seed)
         found = _judge({n: (t.float() * scale).to(BF16) for n, t in reduced.items()}, local)
-        assert len(found.failures) == 1, found.failures  # all of them: no tensor repeats it
+        # all of them, and each rank's rows: no tensor repeats it
+        assert len(found.failures) == 3, found.failures
         assert found.failures[0].startswith("gradient scale at step 4 (AdamW) [all]: Thunder's gradients are ")
         measured = float(found.failures[0].split("gradients are ")[1].split(" x ")[0])
         assert abs(measured - scale) < 1e-3, found.failures[0]
@@ -77,6 +78,18 @@ def test_one_tensor_off_is_named() -> None:
     failures = _judge(reduced, local).failures
     assert any("[fc1.weight]" in f for f in failures), failures
     assert not any("[fc2.weight]" in f for f in failures), failures
+
+
+def test_one_ranks_rows_off_are_named() -> None:
+    """A scale on the last rank's shard alone (the rows FSDP gives it) fails that rank's rows."""
+    local, reduced = _ranks(2)
+    found = Findings()
+    off = {
+        n: torch.cat([t[: -(-len(t) // 2)], (t[-(-len(t) // 2) :].float() * 1.01).to(BF16)]) for n, t in reduced.items()
+    }
+    judge_gradient_scale(found, "gradient scale at step 0 (SGD)", off, local, BF16, [0.5], world=2)
+    assert any("[rank 1's rows]" in f for f in found.failures), found.failures
+    assert not any("[rank 0's rows]" in f for f in found.failures), found.failures
 
 
 def test_what_thunder_got_wrong_is_no_crash() -> None:

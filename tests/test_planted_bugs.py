@@ -99,7 +99,9 @@ EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
     # in bfloat16 eager's own drift from the float32 twin reaches a few percent by step 4,
     # above the 1% planted here: the gradient's scale against eager's at the same weights sees it
     "gradient_off_later_step": {"numerics": (ALL, NONE, "at step 4 (AdamW)")},
-    "gradient_off_on_last_rank": {"numerics": (ALL, NONE, "gradients at step 0")},
+    # in bfloat16 the scale of the last rank's rows names it (the per-tensor bounds count the
+    # reduction's roundings, which a 1% error of half the rows hides in)
+    "gradient_off_on_last_rank": {"numerics": (ALL, NONE, "gradients at step 0 | gradient scale at step 0")},
     "gradients_lost_later_step": {"numerics": (ALL, NONE, "at step 2 (SGD)")},
     "bfloat16_gradients_scaled": {"numerics": (BF16, NONE, "gradients at step 0")},
     "shard_copy_kept": {"memory": (ALL, NONE, "memory held after backward at step 0")},

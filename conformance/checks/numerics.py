@@ -101,7 +101,10 @@ def check(run: CellRecord) -> Findings:
         if low and "gradient scale" not in failed and step.local_at_thunder is not None:
             what = f"gradient scale at step {k} ({step.optimizer})"
             constants = scale_constants(run.cell)
-            if not judge_gradient_scale(found, what, step.grads, step.local_at_thunder.mean, run.dtype, constants):
+            world = run.cell.world_size
+            if not judge_gradient_scale(
+                found, what, step.grads, step.local_at_thunder.mean, run.dtype, constants, world
+            ):
                 failed.add("gradient scale")
         before = step.after
 
@@ -177,7 +180,13 @@ def scale_constants(cell: Cell) -> list[float]:
 
 
 def judge_gradient_scale(
-    found: Findings, what: str, actual: Tensors, local: Tensors, dtype: torch.dtype, constants: list[float]
+    found: Findings,
+    what: str,
+    actual: Tensors,
+    local: Tensors,
+    dtype: torch.dtype,
+    constants: list[float],
+    world: int = 1,
 ) -> bool:
     """Below float32, a gradient off by a scale that eager's rounding hides elementwise (1%
     is about one bfloat16 rounding), on any step. ``local``: eager's gradients of each rank's
@@ -190,8 +199,9 @@ def judge_gradient_scale(
     tensor's elements, plus (for a matrix) its rows and its columns, because a rounded
     upstream gradient spreads along a row of a Linear's weight gradient and a rounded
     activation along a column. Allowed on top: what rounding each of ``constants``
-    (``scale_constants``) in the dtype changes it by. Judged over all gradients together
-    and per matrix of at least SCALE_MIN_ELEMENTS elements (unless all are off)."""
+    (``scale_constants``) in the dtype changes it by. Judged over all gradients together,
+    per matrix of at least SCALE_MIN_ELEMENTS elements and over each of the ``world`` ranks'
+    rows (unless all are off)."""
     systematic = sum(abs(torch.tensor(c, dtype=dtype).double().item() / c - 1.0) for c in constants)
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for n, s in local.items():
@@ -206,11 +216,19 @@ def judge_gradient_scale(
     # a tensor alone: a matrix, whose rows and columns bound how its roundings are shared (a
     # vector's, a bias summed over the batch, are shared in ways its elements cannot show:
     # measured, 6.1 element deviations on a litgpt_neox bias): vectors count in "all" only
-    groups = {"all": list(pairs)} | {
-        n: [n] for n, (_, s) in pairs.items() if s.shape[1] > 1 and s.numel() >= SCALE_MIN_ELEMENTS
+    groups = {"all": list(pairs.values())} | {
+        n: [pair] for n, pair in pairs.items() if pair[1].shape[1] > 1 and pair[1].numel() >= SCALE_MIN_ELEMENTS
     }
-    for label, names in groups.items():
-        members = [pairs[n] for n in names]
+    # each rank's rows of every gradient (dim 0 split as FSDP shards it, padded): a bug in
+    # one rank's share of the reduction (a scale on its shard alone) shows there at full size
+    for r in range(world if world > 1 else 0):
+        share = []
+        for t, s in pairs.values():
+            c = -(-len(s) // world)  # the rows of a shard
+            if len(s[r * c : (r + 1) * c]):
+                share.append((t[r * c : (r + 1) * c], s[r * c : (r + 1) * c]))
+        groups[f"rank {r}'s rows"] = share
+    for label, members in groups.items():
         size = sum(float((s * s).sum()) for _, s in members)
         if size == 0.0 or sum(s.numel() for _, s in members) < SCALE_MIN_ELEMENTS:
             continue
@@ -226,8 +244,8 @@ def judge_gradient_scale(
         worst = max(worst, abs(scale) / bound if bound else (0.0 if scale == 0 else float("inf")))
         if label == "all":
             found.metrics[f"{what} (all gradients)"] = {"scale": 1 + scale, "bound": bound}
-        elif len(found.failures) > failures:
-            continue  # all of them are off: each tensor's scale would say it again
+        elif len(found.failures) > failures and not label.startswith("rank "):
+            continue  # off already: each tensor's scale would say it again (a rank's names the rank)
         with found.expect(f"{what} [{label}]"):
             assert abs(scale) <= bound, (
                 f"Thunder's gradients are {1 + scale:.5f} x eager's at the same weights (each rank's own in "
