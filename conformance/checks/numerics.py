@@ -82,7 +82,7 @@ def check(run: CellRecord) -> Findings:
             allowed["gradients"] = drift_effect(step.twin_at_thunder_grads, step.golden_grads)
         # below float32, gradients may also stray as far as eager's own when each rank's is
         # computed alone (rounded per rank, as a data-parallel rank rounds it before reducing)
-        local = Local.of(step.local_at_thunder, step.twin_at_thunder_grads, run.cell.world_size, run.dtype)
+        local = Local.of(step.local_at_thunder, step.twin_at_thunder_grads, run.cell.world_size - 1, run.dtype)
         for kind, (actual, expected, golden) in kinds.items():
             if kind in failed:
                 continue
@@ -285,13 +285,16 @@ def judge_scenario(found: Findings, record: ScenarioRecord, dtype: torch.dtype, 
         return
     what = f"gradients {phrase}"
     scratch = Findings()
-    local = Local.of(record.local, record.golden_grads, world, dtype)  # the twin holds the same weights
+    # the twin holds the same weights; each micro-step accumulated adds one more addition
+    additions = world - 1 + (MICRO_STEPS - 1 if record.scenario == "accumulate" else 0)
+    local = Local.of(record.local, record.golden_grads, additions, dtype)
     ok = _compare(scratch, what, record.grads, record.reference_grads, record.golden_grads, dtype, local=local)
     found.metrics.update(scratch.metrics)
     if ok:
         return
     for name, (reference, golden) in record.alternatives.items():
-        if _compare(Findings(), what, record.grads, reference, golden, dtype):
+        local = Local.of(record.alternatives_local.get(name), golden, additions, dtype)
+        if _compare(Findings(), what, record.grads, reference, golden, dtype, local=local):
             found.failures.append(f"{what}: equal {name}")
             return
     found.failures += scratch.failures
@@ -335,12 +338,14 @@ class Local:
 
     ranks: RankGradients
     golden: Tensors
-    world: int
+    additions: int  # the reduction's: world - 1 (and an accumulation's, one per micro-step more)
     dtype: torch.dtype
 
     @classmethod
-    def of(cls, ranks: RankGradients | None, golden: Tensors | None, world: int, dtype: torch.dtype) -> Local | None:
-        return None if ranks is None or golden is None else cls(ranks, golden, world, dtype)
+    def of(
+        cls, ranks: RankGradients | None, golden: Tensors | None, additions: int, dtype: torch.dtype
+    ) -> Local | None:
+        return None if ranks is None or golden is None else cls(ranks, golden, additions, dtype)
 
     def error(self, n: str) -> torch.Tensor | None:
         """Per element, the per-rank mean's distance from the twin (None where either lacks
@@ -351,14 +356,15 @@ class Local:
         return (e.double() - g.double()).abs()
 
     def reduction(self, n: str) -> torch.Tensor | None:
-        """Per element, the most the reduction's roundings move the mean: world - 1 additions,
-        each rounding a partial sum of at most the ranks' magnitudes (mean units), and the
-        division by the world size, u = eps / 2 each: u ((world - 1) A + |mean|)."""
+        """Per element, the most the reduction's roundings move the mean: its additions (world
+        - 1, and one per micro-step accumulated), each rounding a partial sum of at most the
+        ranks' magnitudes (mean units), and the division by the world size, u = eps / 2 each:
+        u (additions A + |mean|)."""
         a, m = self.ranks.magnitude.get(n), self.ranks.mean.get(n)
         if a is None or m is None or a.shape != m.shape:
             return None
         u = torch.finfo(self.dtype).eps / 2
-        return u * ((self.world - 1) * a + m.abs())
+        return u * (self.additions * a + m.abs())
 
 
 def _output(golden: torch.Tensor | None) -> Tensors | None:
@@ -464,7 +470,7 @@ def gradient_allowance(step: StepRecord, n: str, dtype: torch.dtype, world: int 
     if g is None or e is None or g.shape != e.shape:
         return None
     error = (e.double() - g.double()).abs()
-    local = Local.of(step.local_at_thunder, step.twin_at_thunder_grads, world, dtype) if world else None
+    local = Local.of(step.local_at_thunder, step.twin_at_thunder_grads, world - 1, dtype) if world else None
     per_rank = local.error(n) if local is not None else None
     if per_rank is not None and per_rank.shape == g.shape:
         error = torch.maximum(error, per_rank)

@@ -180,6 +180,7 @@ class ScenarioRecord:
     # gradients a recognisable mistake would produce, by what names it (eager's and the twin's),
     # so that a failure can say which one Thunder made, e.g. "the last micro-step's alone"
     alternatives: dict[str, tuple[Tensors, Tensors | None]] = dataclasses.field(default_factory=dict)
+    alternatives_local: dict[str, RankGradients] = dataclasses.field(default_factory=dict)  # below float32
     traces: FinalTraces | None = None  # what Thunder compiled for the scenario (backward: None without one)
     error: str | None = None  # what Thunder raised instead (the training's findings still stand)
     resumed: list[Resumed] = dataclasses.field(default_factory=list)  # ``resume``: each checkpoint kind's round trip

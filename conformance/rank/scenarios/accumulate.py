@@ -17,8 +17,8 @@ from typing import Any
 from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import final_traces
 from conformance.rank.build import Recipe, Reference
-from conformance.rank.eager import loss
-from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, scaled, summed
+from conformance.rank.eager import loss, rank_gradients
+from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, combined, scaled, summed
 from fixtures.options import MICRO_STEPS
 
 
@@ -41,11 +41,14 @@ def accumulate(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: 
     tm.zero_grad(set_to_none=True)
     per_step = [batch_gradients(eager.module, b)[1] for b in batches]
     golden = [batch_gradients(eager.golden, b, float32=True)[1] for b in batches] if eager.golden is not None else None
+    # below float32, each micro-step's gradients as the ranks compute them (numerics.Local)
+    local = [rank_gradients(eager.module, b.inputs, b.cotangents) for b in batches] if golden is not None else None
     return ScenarioRecord(
         "accumulate",
         grads=grads,
         reference_grads=summed(per_step),
         golden_grads=None if golden is None else summed(golden),
+        local=None if local is None else combined(local),
         alternatives={
             "the last micro-step's alone": (per_step[-1], None if golden is None else golden[-1]),
             "the skipped micro-steps' alone": (summed(per_step[:-1]), None if golden is None else summed(golden[:-1])),
@@ -53,6 +56,15 @@ def accumulate(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: 
             "the skipped micro-steps' summed over the ranks, not averaged": (
                 summed([per_step[-1], *(scaled(g, world) for g in per_step[:-1])]),
                 None if golden is None else summed([golden[-1], *(scaled(g, world) for g in golden[:-1])]),
+            ),
+        },
+        alternatives_local={}
+        if local is None
+        else {
+            "the last micro-step's alone": local[-1],
+            "the skipped micro-steps' alone": combined(local[:-1]),
+            "the skipped micro-steps' summed over the ranks, not averaged": combined(
+                local, [float(world)] * (len(local) - 1) + [1.0]
             ),
         },
         traces=traces,

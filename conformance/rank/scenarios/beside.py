@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from conformance.checks.record import RankGradients
 from conformance.rank.build import Recipe, Reference
 from conformance.rank.eager import eager_gradients, holding
 from conformance.rank.train import STEPS, generator
@@ -75,3 +76,12 @@ def summed(parts: list[Tensors]) -> Tensors:
 
 def scaled(part: Tensors, factor: float) -> Tensors:
     return {n: t * factor for n, t in part.items()}
+
+
+def combined(parts: list[RankGradients], factors: list[float] | None = None) -> RankGradients:
+    """Per name, the ranks' gradients of several batches summed (each times its factor):
+    their means summed, their magnitudes summed (times |factor|)."""
+    factors = factors or [1.0] * len(parts)
+    mean = summed([scaled(p.mean, f) for p, f in zip(parts, factors, strict=True)])
+    magnitude = summed([scaled(p.magnitude, abs(f)) for p, f in zip(parts, factors, strict=True)])
+    return RankGradients(mean, magnitude)
