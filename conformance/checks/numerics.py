@@ -39,6 +39,7 @@ from conformance.checks.findings import Findings
 from conformance.checks.record import CellRecord, ParametersAfter, RankGradients, ScenarioRecord, StepRecord
 from conformance.checks.storages import tie_groups
 from conformance.matrix.cells import Cell
+from fixtures.compositions import COMPOSITIONS
 from fixtures.models import MODELS
 from fixtures.optimizers import OPTIMIZERS, Optimizer
 from fixtures.options import MICRO_STEPS
@@ -101,7 +102,8 @@ def check(run: CellRecord) -> Findings:
         if low and "gradient scale" not in failed and step.local_at_thunder is not None:
             what = f"gradient scale at step {k} ({step.optimizer})"
             constants = scale_constants(run.cell)
-            world = run.cell.world_size
+            # each rank's rows where they are its shard (FSDP's), not where every rank holds all
+            world = 1 if COMPOSITIONS[run.cell.composition].replicated else run.cell.world_size
             if not judge_gradient_scale(
                 found, what, step.grads, step.local_at_thunder.mean, run.dtype, constants, world
             ):
@@ -202,7 +204,7 @@ def judge_gradient_scale(
     activation along a column. Allowed on top: what rounding each of ``constants``
     (``scale_constants``) in the dtype changes it by. Judged over all gradients together,
     per matrix of at least SCALE_MIN_ELEMENTS elements and over each of the ``world`` ranks'
-    rows (unless all are off)."""
+    rows of the matrices (unless all are off; ``world`` 1 where no rank holds a shard)."""
     systematic = sum(abs(torch.tensor(c, dtype=dtype).double().item() / c - 1.0) for c in constants)
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for n, s in local.items():
@@ -226,7 +228,7 @@ def judge_gradient_scale(
         share = []
         for t, s in pairs.values():
             c = -(-len(s) // world)  # the rows of a shard
-            if len(s[r * c : (r + 1) * c]):
+            if s.shape[1] > 1 and len(s[r * c : (r + 1) * c]):  # matrices only, as above
                 share.append((t[r * c : (r + 1) * c], s[r * c : (r + 1) * c]))
         groups[f"rank {r}'s rows"] = share
     for label, members in groups.items():
