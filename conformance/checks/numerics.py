@@ -62,6 +62,9 @@ def check(run: CellRecord) -> Findings:
     # summed over the steps so far (Thunder's parameters may drift from the twin's by the sum)
     moved: dict[str, torch.Tensor] = {}
     drift: dict[str, torch.Tensor] = {}
+    constants = scale_constants(run.cell)
+    # each rank's rows where they are its shard (FSDP's), not where every rank holds all
+    shards = 1 if COMPOSITIONS[run.cell.composition].replicated else run.cell.world_size
     for k, step in enumerate(run.steps):
         phase = [*phase, step] if phase and phase[-1].optimizer == step.optimizer else [step]
         if low:
@@ -101,11 +104,8 @@ def check(run: CellRecord) -> Findings:
             failed.add("update")
         if low and "gradient scale" not in failed and step.local_at_thunder is not None:
             what = f"gradient scale at step {k} ({step.optimizer})"
-            constants = scale_constants(run.cell)
-            # each rank's rows where they are its shard (FSDP's), not where every rank holds all
-            world = 1 if COMPOSITIONS[run.cell.composition].replicated else run.cell.world_size
             if not judge_gradient_scale(
-                found, what, step.grads, step.local_at_thunder.mean, run.dtype, constants, world
+                found, what, step.grads, step.local_at_thunder.mean, run.dtype, constants, shards
             ):
                 failed.add("gradient scale")
         before = step.after
@@ -228,8 +228,9 @@ def judge_gradient_scale(
         share = []
         for t, s in pairs.values():
             c = -(-len(s) // world)  # the rows of a shard
-            if s.shape[1] > 1 and len(s[r * c : (r + 1) * c]):  # matrices only, as above
-                share.append((t[r * c : (r + 1) * c], s[r * c : (r + 1) * c]))
+            rows = slice(r * c, (r + 1) * c)
+            if s.shape[1] > 1 and len(s[rows]):  # matrices only, as above
+                share.append((t[rows], s[rows]))
         groups[f"rank {r}'s rows"] = share
     for label, members in groups.items():
         size = sum(float((s * s).sum()) for _, s in members)
@@ -265,7 +266,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.double().reshape(t.shape[0] if t.dim() else 1, -1)
 
 
-def judge_scenario(found: Findings, record: ScenarioRecord, dtype: torch.dtype, world: int = 2) -> None:
+def judge_scenario(found: Findings, record: ScenarioRecord, dtype: torch.dtype, world: int) -> None:
     """What the cell's scenario did after training, against eager PyTorch holding the Thunder
     module's own weights: its output and gradients with the same tolerances as a training
     step's (below float32, from that eager model's float32 twin); under no_grad, a result

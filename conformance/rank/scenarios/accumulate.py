@@ -5,9 +5,9 @@ one ordinary forward and backward). The accumulated gradients must equal the sum
 gradients of each micro-batch (each the ranks' averaged loss), and the backward Thunder
 compiles for the skipped micro-steps must reduce nothing: that is the point of skipping.
 
-Where the gradients are wrong, the record carries what two recognisable mistakes would give
-(the last micro-step's gradients alone, the skipped ones' alone), so that the finding names
-the mistake Thunder made.
+Where the gradients are wrong, the record carries what three recognisable mistakes would
+give (the last micro-step's gradients alone, the skipped ones' alone, the skipped ones summed
+over the ranks rather than averaged), so that the finding names the mistake Thunder made.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import final_traces
 from conformance.rank.build import Recipe, Reference
 from conformance.rank.eager import loss, rank_gradients
-from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, combined, scaled, summed
+from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, combined, summed, weighted
 from fixtures.options import MICRO_STEPS
 
 
@@ -43,6 +43,14 @@ def accumulate(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: 
     golden = [batch_gradients(eager.golden, b, float32=True)[1] for b in batches] if eager.golden is not None else None
     # below float32, each micro-step's gradients as the ranks compute them (numerics.Local)
     local = [rank_gradients(eager.module, b.inputs, b.cotangents) for b in batches] if golden is not None else None
+    skipped = len(batches) - 1
+    # each recognisable mistake as the weight it gives each micro-step's gradients
+    mistakes = {
+        "the last micro-step's alone": [0.0] * skipped + [1.0],
+        "the skipped micro-steps' alone": [1.0] * skipped + [0.0],
+        # the sync on leaving no_sync summing the ranks' stashed gradients, not averaging them
+        "the skipped micro-steps' summed over the ranks, not averaged": [float(world)] * skipped + [1.0],
+    }
     return ScenarioRecord(
         "accumulate",
         grads=grads,
@@ -50,22 +58,9 @@ def accumulate(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: 
         golden_grads=None if golden is None else summed(golden),
         local=None if local is None else combined(local),
         alternatives={
-            "the last micro-step's alone": (per_step[-1], None if golden is None else golden[-1]),
-            "the skipped micro-steps' alone": (summed(per_step[:-1]), None if golden is None else summed(golden[:-1])),
-            # the sync on leaving no_sync summing the ranks' stashed gradients, not averaging them
-            "the skipped micro-steps' summed over the ranks, not averaged": (
-                summed([per_step[-1], *(scaled(g, world) for g in per_step[:-1])]),
-                None if golden is None else summed([golden[-1], *(scaled(g, world) for g in golden[:-1])]),
-            ),
+            name: (weighted(per_step, w), None if golden is None else weighted(golden, w))
+            for name, w in mistakes.items()
         },
-        alternatives_local={}
-        if local is None
-        else {
-            "the last micro-step's alone": local[-1],
-            "the skipped micro-steps' alone": combined(local[:-1]),
-            "the skipped micro-steps' summed over the ranks, not averaged": combined(
-                local, [float(world)] * (len(local) - 1) + [1.0]
-            ),
-        },
+        alternatives_local={} if local is None else {name: combined(local, w) for name, w in mistakes.items()},
         traces=traces,
     )

@@ -78,10 +78,15 @@ def scaled(part: Tensors, factor: float) -> Tensors:
     return {n: t * factor for n, t in part.items()}
 
 
+def weighted(parts: list[Tensors], factors: list[float]) -> Tensors:
+    """Per name, the sum of ``parts`` each times its factor (a factor of 0 leaves a part out)."""
+    return summed([scaled(p, f) for p, f in zip(parts, factors, strict=True) if f])
+
+
 def combined(parts: list[RankGradients], factors: list[float] | None = None) -> RankGradients:
     """Per name, the ranks' gradients of several batches summed (each times its factor):
     their means summed, their magnitudes summed (times |factor|)."""
     factors = factors or [1.0] * len(parts)
-    mean = summed([scaled(p.mean, f) for p, f in zip(parts, factors, strict=True)])
-    magnitude = summed([scaled(p.magnitude, abs(f)) for p, f in zip(parts, factors, strict=True)])
-    return RankGradients(mean, magnitude)
+    return RankGradients(
+        weighted([p.mean for p in parts], factors), weighted([p.magnitude for p in parts], [abs(f) for f in factors])
+    )
