@@ -641,14 +641,15 @@ def no_grad_ignored() -> Iterator[None]:
 @contextlib.contextmanager
 def second_shape_gradients_not_averaged() -> Iterator[None]:
     """A computation Thunder compiles for an input shape the module has not seen before
-    reduce-scatters its gradients without averaging them over the ranks: the first shape's
-    computation (every training step) is right."""
+    reduce-scatters FSDP's gradients without averaging them over the ranks: the first shape's
+    computation (every training step) is right, and so is DDP's."""
     import contextvars
     import weakref
 
     import torch
     from thunder.core import transforms
     from thunder.core.module import ThunderModule
+    from thunder.core.proxies import DistParallelType
     from thunder.distributed.prims import DistributedReduceOps, PrimIDs, reduce_scatter
 
     recompiling = contextvars.ContextVar("recompiling", default=False)
@@ -665,7 +666,8 @@ def second_shape_gradients_not_averaged() -> Iterator[None]:
             recompiling.reset(token)
 
     def backward(distparallel_type: Any, group: Any, grad: Any) -> Any:  # runs while Thunder traces
-        if recompiling.get():
+        # FSDP's sharded parameters only: DDP's replicated ones keep their all-reduce
+        if recompiling.get() and distparallel_type == DistParallelType.FULLY_SHARDED:
             return reduce_scatter(grad, DistributedReduceOps.SUM, group, do_async=True).wait(), None
         return original_backward(distparallel_type, group, grad)
 

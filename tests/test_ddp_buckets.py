@@ -4,10 +4,16 @@ order, a bucket closes once it holds at least the cap; frozen parameters are nev
 
 from __future__ import annotations
 
+import types
+
 import torch
 from torch import nn
 
+from conformance.checks import memory
 from conformance.checks.collectives import DDP_DEFAULT_BUCKET_MB, ddp_bucket_mb, ddp_buckets, expected_counts
+from conformance.checks.traces import FinalTraces
+from conformance.matrix.cells import Cell
+from fixtures.inits import INITS
 
 
 class Sized(nn.Module):
@@ -49,3 +55,56 @@ def test_a_tied_weight_is_packed_once() -> None:
     m = Sized()
     m.e = m.a  # a second name of a's storage
     assert ddp_buckets(m, "none") == [["a"], ["b"], ["c"], ["d"]]
+
+
+def _ddp_run(bucketing: str, all_reduces: int | None) -> types.SimpleNamespace:
+    """The fields of a DDP cell's record that the memory area's terms read; its backward trace
+    all-reduces ``all_reduces`` tensors (None: no trace was recorded)."""
+    from thunder.distributed.prims import PrimIDs
+
+    cell = Cell(model="sized", init="real", composition="ddp_jit", bucketing=bucketing)
+    bsyms = [types.SimpleNamespace(sym=types.SimpleNamespace(id=PrimIDs.ALL_REDUCE))] * (all_reduces or 0)
+    backward = types.SimpleNamespace(bound_symbols=bsyms)
+    return types.SimpleNamespace(
+        cell=cell,
+        reference=Sized(),
+        device=torch.device("cpu"),
+        backend="gloo",
+        init=INITS["real"],
+        traces=None if all_reduces is None else FinalTraces(forward=None, backward=backward),
+    )
+
+
+def test_memory_holds_the_bucket_buffers_only_where_the_backward_packs() -> None:
+    # layer buckets: [a, b, c] (720 B) and [d] (32 B), each one flat buffer held from the first
+    # backward on; a backward that all-reduces each of the 4 gradients alone packs nothing, so
+    # the held bound leaves nothing for buffers that do not exist (a leak would hide there)
+    assert memory.terms(_ddp_run("layer", all_reduces=2)).gradient_buckets == 720 + 32
+    assert memory.terms(_ddp_run("layer", all_reduces=4)).gradient_buckets == 0
+    assert memory.terms(_ddp_run("layer", all_reduces=None)).gradient_buckets == 720 + 32  # no trace: the bound
+    # without buckets nothing is packed, whatever the trace
+    assert memory.terms(_ddp_run("none", all_reduces=4)).gradient_buckets == 0
+
+
+def test_the_measured_steps_phases_start_from_the_bucket_buffers_a_packing_backward_left() -> None:
+    # the forward and backward peaks of the measured step are bounded above what that step
+    # started from: the buffers a packing backward keeps from the first backward on are part of
+    # it (0.2.1 and 0.2.3 pack: their DDP forward peaks were over by about the buffers' bytes)
+    from conformance.checks.findings import Findings
+    from conformance.checks.record import MEASURED_STEP
+
+    assert MEASURED_STEP > 0
+    for all_reduces, kept in ((2, 720 + 32), (4, 0)):
+        run = _ddp_run("layer", all_reduces)
+        model = memory.terms(run)
+        gradients = sum(p.numel() * 4 for p in run.reference.parameters() if p.requires_grad)
+        run.steps = [types.SimpleNamespace(optimizer="SGD")] * 3
+        run.memory = types.SimpleNamespace(
+            held_after_backward=[gradients + kept] * 3,
+            held_after_step=[kept] * 3,
+            step_peaks=[],
+            eager_step_peaks=[],
+        )
+        found = Findings()
+        assert memory._held_after_steps(run, model, found) == kept
+        assert found.failures == []

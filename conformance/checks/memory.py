@@ -69,6 +69,7 @@ from conformance.checks.storages import (
     shard_bytes,
     tied_duplicates,
 )
+from conformance.checks.traces import collective_symbols
 from conformance.matrix.plan import plan
 from fixtures.compositions import COMPOSITIONS
 
@@ -184,12 +185,24 @@ def terms(run: CellRecord | SimulatedRecord) -> Terms:
 
 
 def _gradient_bucket_bytes(run: CellRecord | SimulatedRecord) -> int:
-    """DDP's gradient buckets: each one flat buffer of its gradients' bytes."""
+    """DDP's gradient buckets: each one flat buffer of its gradients' bytes, where the
+    backward packs them. A backward that all-reduces every gradient alone where the model has
+    fewer buckets than gradients packs nothing (the pin: bucket_size_in_mb is not applied, a
+    finding of the collectives area that its xfails entry names) and so holds no buffer:
+    counting the buffers there would give the held bounds their bytes of slack, in which a
+    copy of the largest parameter or a leak per step hides."""
     reference, bucketing = run.reference, run.cell.bucketing
     if not replicated(run) or ddp_bucket_mb(reference, bucketing) <= 0:
         return 0
+    packed = ddp_buckets(reference, bucketing)
+    gradients = len(distinct_storages(reference, trainable_only=True))
+    traces = getattr(run, "traces", None)
+    backward = traces.backward if traces is not None else None
+    packable = len(packed) != gradients
+    if backward is not None and packable and len(collective_symbols(backward)["all_reduce"]) == gradients:
+        return 0
     sizes = {n: p.numel() * p.element_size() for n, p in reference.named_parameters()}
-    return allocations((sum(sizes[n] for n in bucket) for bucket in ddp_buckets(reference, bucketing)), run.device)
+    return allocations((sum(sizes[n] for n in bucket) for bucket in packed), run.device)
 
 
 def _handed_over_bytes(run: CellRecord | SimulatedRecord) -> int:
@@ -319,7 +332,8 @@ def _held_after_setup(run: CellRecord | SimulatedRecord, model: Terms, found: Fi
 
 def _held_after_steps(run: CellRecord, model: Terms, found: Findings) -> int:
     """Exact: what each backward and each step leaves held. Returns what the measured step
-    started from (the optimizer state before it)."""
+    started from: the optimizer state before it, and DDP's bucket buffers where a backward
+    before it packed them (they stay from the first backward on)."""
     memory = run.memory
     steps = [s.optimizer for s in run.steps]
 
@@ -363,7 +377,7 @@ def _held_after_steps(run: CellRecord, model: Terms, found: Findings) -> int:
                     f"the step allocated {got} bytes at its peak; {optimizer} stepping eager tensors of "
                     f"the shard shapes allocates {eager}"
                 )
-    return state_before(MEASURED_STEP)
+    return state_before(MEASURED_STEP) + (model.gradient_buckets if MEASURED_STEP > 0 else 0)
 
 
 AREA = Area("memory", check, simulated=check_simulated)

@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from conformance.matrix import simulated
-from conformance.matrix.cells import AXES, Cell
+from conformance.matrix.cells import AXES, DEFAULT_SCENARIO, Cell
 from fixtures.compositions import COMPOSITIONS
 from fixtures.executors import EXECUTORS
 from fixtures.inits import INITS
@@ -76,20 +76,15 @@ def axis_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str,
 
 def pairwise_values(profile: str, world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
     """The values a profile's covering array is built over (and its coverage promise made
-    for): every axis's, except that ci's array trains only. A scenario beyond training adds
-    a compilation per cell (Thunder compiles the no_grad forward apart: ~6 s a litgpt cell
-    here), so ci runs each in the few cells of ``SCENARIO_CI``; nightly and full cover them
-    like any other axis."""
+    for). ci's one array takes every axis's (``_grown``). Beyond ci, FSDP's compositions only
+    (DDP's get arrays of their own, ``replicated_values``: FSDP's sharding and bucketing do
+    not apply to them, and a constraint pinning those bloats covertable's array) and not the
+    models that train only (``trains_only``: a constraint over the scenario axis made
+    covertable's strength-3 array take minutes)."""
     values = axis_values(world_size, unsupported)
-    # DDP's compositions get arrays of their own (``replicated_values``): FSDP's sharding and
-    # bucketing do not apply to them, and a constraint pinning those would bloat this array;
-    # so do the models that train only (``trains_only_values``)
-    values["composition"] = [c for c in values["composition"] if not COMPOSITIONS[c].replicated]
-    values["model"] = [m for m in values["model"] if m not in TRAINS_ONLY]
-    if profile == "ci":
-        # left out rather than narrowed to one value: the array (covertable's) is then the
-        # one ci had before the axis, cell for cell
-        del values["scenario"]
+    if profile != "ci":
+        values["composition"] = [c for c in values["composition"] if not COMPOSITIONS[c].replicated]
+        values["model"] = [m for m in values["model"] if m not in TRAINS_ONLY]
     return values
 
 
@@ -191,15 +186,58 @@ def _full(values: dict[str, list[Any]]) -> Iterator[Cell]:
             yield Cell(**row)
 
 
-def _covering(values: dict[str, list[Any]], strength: int = 2) -> Iterator[Cell]:
+def _rows(values: dict[str, list[Any]], strength: int = 2) -> list[dict[str, Any]]:
     """A covering array: every ``strength`` values of as many axes that the constraints allow
-    meet in some cell. covertable orders candidates by an FNV hash, never Python's salted
+    meet in some row. covertable orders candidates by an FNV hash, never Python's salted
     ``hash``, so the array is the same in every process."""
     from covertable import make
 
-    constraint = {"operator": "fn", "requires": ["model", "tie", "composition", "init"], "evaluate": valid}
-    for row in make(values, strength=strength, constraints=[constraint]):
+    requires = [a for a in ("model", "tie", "composition", "init") if a in values]
+    constraint = {"operator": "fn", "requires": requires, "evaluate": valid}
+    return list(make(values, strength=strength, constraints=[constraint]))
+
+
+def _covering(values: dict[str, list[Any]], strength: int = 2) -> Iterator[Cell]:
+    for row in _rows(values, strength):
         yield Cell(**row)
+
+
+def _grown(values: dict[str, list[Any]]) -> Iterator[Cell]:
+    """ci's array: pairwise over every axis but the composition and the scenario, then grown
+    by each in turn (conformance/matrix/growth.py). A composition costs a cell nothing more,
+    so DDP's take rows of the array (those at FSDP's default sharding: it does not apply to
+    them) instead of an array of their own; a scenario beyond training compiles again, so each
+    lands on the cells whose second compilation costs least for the pairs it meets.
+    (covertable's array over every axis: 148 cells, ~470 s here.)"""
+    from conformance.matrix.growth import grow
+
+    rest = {a: v for a, v in values.items() if a not in ("composition", "scenario")}
+    rows = _rows(rest)
+    first, *others = values["composition"]
+    # DDP's first: they fit fewer rows (FSDP's default sharding, the inits they express);
+    # the first composition takes the rows no other needed
+    served = [first, *sorted(others, key=lambda c: not COMPOSITIONS[c].replicated)]
+    rows = grow(rows, "composition", served, rest, valid, lambda row, composition: 0.0)
+    rest["composition"] = values["composition"]
+    # the costliest scenario first: it gets the cheapest carriers (a checkpoint of DDP's, one
+    # fresh composition where FSDP's takes two)
+    beyond = [s for s in values["scenario"] if s != DEFAULT_SCENARIO]
+    scenarios = [DEFAULT_SCENARIO, *sorted(beyond, key=lambda s: -SCENARIO_COMPILATIONS[s])]
+    for row in grow(rows, "scenario", scenarios, rest, valid, _scenario_cost):
+        yield Cell(**row)
+
+
+# about how many compilations of the cell's model a scenario adds: a forward alone for
+# no_grad, a no_sync forward and backward, a second shape's, and a fresh composition for each
+# checkpoint kind (full; sharded too where parameters are: conformance/rank/scenarios/resume.py)
+SCENARIO_COMPILATIONS = {"infer": 0.6, "accumulate": 1.0, "reshape": 1.0, "resume": 1.0}
+
+
+def _scenario_cost(row: dict[str, Any], scenario: str) -> float:
+    if scenario == DEFAULT_SCENARIO:
+        return 0.0
+    kinds = 2 if scenario == "resume" and not COMPOSITIONS[row["composition"]].replicated else 1
+    return SCENARIO_COMPILATIONS[scenario] * kinds * MODELS[row["model"]].trace_s
 
 
 def _boundary_arrays(world_size: int, unsupported: Collection[str]) -> Iterator[Cell]:
@@ -219,76 +257,6 @@ def _smoke(world_size: int) -> Iterator[Cell]:
     yield Cell("tied_lm", "meta_module_init", "jit_fsdp", tie="tied", offload="all", world_size=world_size)
     yield Cell("no_reset", "meta_module_init", "fsdp_jit", world_size=world_size)
     yield Cell("mlp", "real", "legacy_jit_fsdp", world_size=world_size)
-
-
-# ci's cells of the scenarios beyond training, each scenario in cells that between them take
-# both compositions, ZERO3, bucketing, bfloat16 and offloading; small models only: each
-# scenario compiles again, ~1-2 s a small cell against ~8-16 s a litgpt one (litgpt's second
-# sequence length, which slices the rotary caches anew, runs in nightly)
-SCENARIO_CI = (
-    Cell("tied_lm", "real", "fsdp_jit", tie="tied", dtype="bfloat16", offload="all", scenario="infer"),
-    Cell(
-        "tie_group", "meta_module_init", "jit_fsdp", tie="tied", sharding="zero3", bucketing="block", scenario="infer"
-    ),
-    Cell(
-        "tie_group",
-        "meta_transformed_sd",
-        "jit_fsdp",
-        tie="tied",
-        sharding="zero3",
-        dtype="bfloat16",
-        scenario="accumulate",
-    ),
-    Cell("lora", "real_broadcast_last", "fsdp_jit", bucketing="layer", offload="all", scenario="accumulate"),
-    Cell("tied_lm", "meta_original_sd", "jit_fsdp", tie="tied", sharding="zero3", offload="all", scenario="reshape"),
-    Cell(
-        "tie_group",
-        "real_broadcast_first",
-        "fsdp_jit",
-        tie="tied",
-        dtype="bfloat16",
-        bucketing="block",
-        scenario="reshape",
-    ),
-    # a checkpoint of a model with root-owned parameters and running statistics, and one of
-    # a tied model whose weights module init drew, in bfloat16 under ZERO3 with buckets
-    Cell("root_owned", "real", "fsdp_jit", offload="all", scenario="resume"),
-    Cell(
-        "tied_lm",
-        "meta_module_init",
-        "jit_fsdp",
-        tie="tied",
-        sharding="zero3",
-        bucketing="layer",
-        dtype="bfloat16",
-        scenario="resume",
-    ),
-)
-
-
-# ci's DDP cells: every model but the negative one and the litgpt ones (a litgpt cell costs
-# ~8 s: nightly runs them), both compositions, the broadcast from rank 0 and from the last,
-# both meta inits the transform form can express,
-# bfloat16, offloading, each bucket size (none, the largest gradient's, Thunder's default)
-# and every scenario (DDP skips the sync it is told to skip: its ``accumulate`` must conform
-# where FSDP's does not)
-DDP_CI = (
-    Cell("tied_lm", "real_broadcast_last", "jit_ddp", tie="tied", dtype="bfloat16", scenario="reshape"),
-    Cell("lora", "real_broadcast_first", "ddp_jit", offload="all", bucketing="layer", scenario="infer"),
-    Cell("root_owned", "meta_load_after", "jit_ddp", scenario="accumulate"),
-    Cell("tie_group", "real", "ddp_jit", tie="tied", dtype="bfloat16", bucketing="block", scenario="accumulate"),
-    Cell("tied_lm", "meta_original_sd", "jit_ddp", tie="tied", bucketing="layer"),
-    Cell("root_owned", "real_broadcast_last", "ddp_jit", bucketing="block", scenario="resume"),
-)
-
-
-# ci's cells of the models that train only (the dropout whose masks the eager models replay):
-# both FSDP compositions, real and meta init, ZERO3, bucketing, bfloat16, offloading (DDP's
-# cells of it run in nightly)
-TRAINS_ONLY_CI = (
-    Cell("dropout_head", "real", "fsdp_jit", sharding="zero3", dtype="bfloat16"),
-    Cell("dropout_head", "meta_module_init", "jit_fsdp", bucketing="layer", offload="all"),
-)
 
 
 # ci's cells at the boundary world sizes: models with a first dimension the world size does
@@ -340,9 +308,8 @@ def cells(profile: str, world_size: int, unsupported: Mapping[str, str]) -> list
     runs = pairwise_values(profile, world_size, unsupported)
     ddp = replicated_values(world_size, unsupported)
     if profile == "ci":
-        at_size = (dataclasses.replace(c, world_size=world_size) for c in (*SCENARIO_CI, *DDP_CI, *TRAINS_ONLY_CI))
-        picked = (_runnable(c, unsupported) for c in (*at_size, *BOUNDARY_CI, *simulated.CI))
-        selected = [*_covering(runs), *(c for c in picked if c is not None)]
+        picked = (_runnable(c, unsupported) for c in (*BOUNDARY_CI, *simulated.CI))
+        selected = [*_grown(runs), *(c for c in picked if c is not None)]
     elif profile == "nightly":
         # every triple at the session's size; the boundary sizes get what full gives them
         # (a pairwise array each), which covers everything BOUNDARY_CI was picked for

@@ -35,12 +35,6 @@ class Unsupported(Exception):
     """The Thunder under test does not offer what the cell asks for (a probe said so)."""
 
 
-def rank_device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """What the cell's axes name, looked up in the registries of ``fixtures/``."""

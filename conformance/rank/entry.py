@@ -21,8 +21,8 @@ from conformance.checks.traces import final_traces
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import expects_reset_error
 from conformance.rank import measure
-from conformance.rank.build import Recipe, Reference, Unsupported, build_reference, compose, rank_device, recipe
-from conformance.rank.gather import clones, cpu_copies, identical, on_every_rank
+from conformance.rank.build import Recipe, Reference, Unsupported, build_reference, compose, recipe
+from conformance.rank.gather import clones, cpu_copies, identical, on_every_rank, rank_device
 from conformance.rank.scenarios import run_scenario
 from conformance.rank.simulate import run_simulated
 from conformance.rank.train import train

@@ -11,6 +11,13 @@ import torch.distributed as dist
 from torch import nn
 
 
+def rank_device() -> torch.device:
+    """The device this rank's tensors and collectives live on: its GPU under nccl, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def shard(full: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     """This rank's dim-0 chunk of ``full``, padded the way Thunder's FSDP pads."""
     chunk = -(-full.shape[0] // world)
@@ -51,25 +58,25 @@ def gather(
     params = {name: tm.get_parameter(name) for name in shapes}
     present = set(shapes)
     if grads:
-        have = torch.tensor([p.grad is not None for p in params.values()], dtype=torch.int32, device=_device(params))
+        have = torch.tensor([p.grad is not None for p in params.values()], dtype=torch.int32, device=rank_device())
         dist.all_reduce(have)
         present = {name for name, n in zip(params, have.tolist(), strict=True) if n}
     out = {}
+    world = dist.get_world_size()
     for name, shape in shapes.items():
         if name not in present:
             continue
         p = params[name]
         t = p.grad if grads else p
-        if t is None:
-            t = torch.full_like(p, float("nan"))
+        local = tuple(shape) if replicated else (-(-shape[0] // world), *shape[1:])
+        if t is None or t.is_meta:
+            # what Thunder left unreadable (a parameter never materialized stays on the meta
+            # device): NaN of the shape this rank should hold, so that the ranks still issue
+            # the same collectives and every comparison of its values fails naming it (the
+            # materialization area names the meta device)
+            t = torch.full(local, float("nan"), dtype=p.dtype, device=rank_device())
         out[name] = whole(t, shape) if replicated else unshard(t, shape)
     return out
-
-
-def _device(params: dict[str, torch.Tensor]) -> torch.device:
-    """Where the ranks' collectives run: the parameters' device (gloo takes CPU tensors, nccl
-    CUDA ones)."""
-    return next(iter(params.values())).device if params else torch.device("cpu")
 
 
 def snapshot(module: nn.Module, grads: bool = False) -> dict[str, torch.Tensor]:

@@ -8,7 +8,7 @@ by the front end): the covering array is then built over the values that run.
 
 from __future__ import annotations
 
-from conformance.rank.build import rank_device
+from conformance.rank.gather import rank_device
 from fixtures.compositions import COMPOSITIONS
 from fixtures.executors import EXECUTORS
 from fixtures.offloads import POLICIES
