@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import os
 import time
 import weakref
 from collections.abc import Iterator
@@ -159,13 +160,47 @@ class Ledger:
         return self.held
 
 
-def _settle(tracker: _StorageTracker, step_s: float = 0.002, tries: int = 25) -> None:
-    """Wait until the tracker's live bytes stop changing: gloo's worker threads let go of a
-    finished collective's buffers a moment after ``wait()`` has returned."""
-    for _ in range(tries):
+# The name torch gives the threads that run a gloo process group's collectives.
+GLOO_WORKER = "pt_gloo_runloop"
+
+
+def gloo_workers_busy() -> bool:
+    """Whether a gloo worker thread of this process is still on its way to idle.
+
+    ``wait()`` returns once a collective is marked done, but the worker that ran it drops its
+    reference to the collective's buffers only after that, before it sleeps on its queue
+    again; on a loaded host it can be preempted in between for longer than any fixed pause
+    (CI: a bfloat16 DDP cell once read 1024 bytes, one gradient's all-reduce buffer, over its
+    bound). Every collective a trace issued has been waited on when the kit settles, so a
+    worker that is not asleep is one still letting go. Linux only (``/proc``): elsewhere the
+    timing alone decides.
+    """
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread has ended
+            continue
+        name, _, rest = stat.partition("(")[2].rpartition(")")
+        if name == GLOO_WORKER and rest.split()[0] not in ("S", "I"):
+            return True
+    return False
+
+
+def _settle(tracker: _StorageTracker, step_s: float = 0.002, limit_s: float = 2.0) -> None:
+    """Wait until the tracker's live bytes stop changing and gloo's workers are asleep: they
+    let go of a finished collective's buffers a moment after ``wait()`` has returned (see
+    ``gloo_workers_busy``). A worker waiting for the GIL to free a tensor sleeps too, but it
+    frees during the pause, which the live bytes then show."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
         before = tracker.live
         time.sleep(step_s)
-        if tracker.live == before:
+        if tracker.live == before and not gloo_workers_busy():
             return
 
 
@@ -188,16 +223,17 @@ class Census:
     scalars: int
 
 
-def census(device: torch.device, exclude: set[int], step_s: float = 0.002, tries: int = 5) -> Census:
+def census(device: torch.device, exclude: set[int], step_s: float = 0.002, limit_s: float = 2.0) -> Census:
     """Every distinct tensor storage alive on ``device``, less those in ``exclude`` (data
-    pointers of tensors the kit itself holds), once two readings ``step_s`` apart agree:
-    gloo's worker threads let go of a finished collective's buffers (a broadcast's, at setup)
-    a moment after it has returned."""
+    pointers of tensors the kit itself holds), once two readings ``step_s`` apart agree and
+    gloo's workers are asleep: they let go of a finished collective's buffers (a broadcast's,
+    at setup) a moment after it has returned (see ``gloo_workers_busy``)."""
+    deadline = time.monotonic() + limit_s
     reading = _census(device, exclude)
-    for _ in range(tries):
+    while time.monotonic() < deadline:
         time.sleep(step_s)
         again = _census(device, exclude)
-        if again == reading:
+        if again == reading and not gloo_workers_busy():
             break
         reading = again
     return reading
