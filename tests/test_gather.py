@@ -1,7 +1,8 @@
 """The kit's gather never crashes on what Thunder left (conformance/rank/gather.py): a
-parameter never materialized, still on the meta device, gathers as NaN of its full shape, so
-that the ranks issue the same collectives and every comparison of its values fails naming it
-(the materialization area names the meta device). In a world of one gloo rank, in process."""
+parameter never materialized (still on the meta device), a gradient of the wrong shape or
+dtype, gathers as NaN where that rank's part goes, so that the ranks issue the same
+collectives, and every comparison of its values fails naming what was wrong. In a world of
+one gloo rank, in process."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from conformance.checks.findings import Findings
 from conformance.rank.gather import gather
 
 
@@ -31,8 +33,39 @@ def test_a_parameter_left_on_meta_gathers_as_nan(world_of_one: None, replicated:
     shapes = {"weight": torch.Size([2, 3]), "bias": torch.Size([2])}
     out = gather(module, shapes, replicated=replicated)
     assert out["weight"].shape == (2, 3) and out["weight"].isnan().all()
+    assert out.defects == {"weight": "rank 0: still on the meta device"}
     assert torch.equal(out["bias"], module.bias.detach())
     # its gradient, which no rank can have, is left out as a frozen parameter's is
     module.bias.grad = torch.ones(2)
     grads = gather(module, shapes, grads=True, replicated=replicated)
     assert set(grads) == {"bias"} and torch.equal(grads["bias"], torch.ones(2))
+
+
+@pytest.mark.parametrize("replicated", [True, False], ids=["ddp", "fsdp"])
+@pytest.mark.parametrize(
+    ("held", "named"),
+    [
+        (torch.ones(3, 2), "shape (3, 2), expected (2, 3)"),
+        (torch.ones(2, 3, dtype=torch.float64), "dtype torch.float64, expected torch.float32"),
+        (torch.ones(6), "shape (6,), expected (2, 3)"),
+    ],
+    ids=["transposed", "float64", "flat"],
+)
+def test_a_parameter_thunder_got_wrong_is_a_finding_not_a_crash(
+    world_of_one: None, replicated: bool, held: torch.Tensor, named: str
+) -> None:
+    # autograd gives a gradient the shape and dtype of its parameter: a shard cut wrong (or
+    # one held in the wrong dtype) is wrong in both
+    module = nn.Linear(3, 2)
+    module.weight = nn.Parameter(held)
+    module.weight.grad, module.bias.grad = torch.ones_like(held), torch.ones(2)
+    shapes = {"weight": torch.Size([2, 3]), "bias": torch.Size([2])}
+    dtypes = {"weight": torch.float32, "bias": torch.float32}
+    for grads in (False, True):
+        out = gather(module, shapes, grads=grads, replicated=replicated, dtypes=dtypes)
+        assert out["weight"].shape == (2, 3) and out["weight"].dtype == torch.float32
+        assert out["weight"].isnan().all()
+        assert out.defects == {"weight": f"rank 0: {named}"}
+        found = Findings()
+        assert not found.close("gradients at step 0", out, {"weight": torch.ones(2, 3), "bias": out["bias"]})
+        assert found.failures == [f"gradients at step 0 [weight]: not gathered as Thunder held it: rank 0: {named}"]

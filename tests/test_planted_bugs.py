@@ -110,6 +110,14 @@ EXPECTED: dict[str, dict[str, tuple[Pred, Pred, str]]] = {
     "tensor_leaked_per_step": {"memory": (ALL, NONE, "memory held after backward at step 0")},
     "zero3_originals_kept": {"memory": (ZERO3_REAL, NONE, "memory held after setup")},
     "bucketed_gradients_not_averaged": {"numerics": (lambda c: BUCKETED(c) and FSDP(c), NONE, "gradients at step 0")},
+    # a shard one row too long (only where the world divides dim 0: some parameter of every
+    # model at 2 ranks) cannot be gathered as held: the numerics area names its shape, where
+    # the kit's gather once asserted (a kit error hiding every area of the cell); the other
+    # areas see the extra row's bytes, NaN or a failed load
+    "padding_when_divisible": {
+        "numerics": (FSDP, NONE, "not gathered as Thunder held it: rank 0: shape ( | did not run"),
+        **{area: (NONE, FSDP, "") for area in ("materialization", "collectives", "memory", "state_dict", "offload")},
+    },
     # a frozen base made trainable: named by materialization (requires_grad), numerics (a
     # gradient eager does not have) and collectives (reduce-scatters for it); the training it
     # then does moves memory and the state dict too. Under jit_fsdp Thunder's own prologue
@@ -190,6 +198,7 @@ ON_CI: dict[str, tuple[Pred, ...]] = {
         lambda c: BUCKETED(c) and DDP(c),
     ),
     "no_grad_ignored": (INFER, lambda c: not INFER(c)),
+    "padding_when_divisible": (lambda c: REAL(c) and FSDP(c) and c.world_size == 2, DDP),
     "second_shape_gradients_not_averaged": (
         lambda c: RESHAPE(c) and FSDP(c),
         lambda c: not RESHAPE(c),

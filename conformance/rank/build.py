@@ -20,7 +20,7 @@ from conformance.matrix.cells import Cell
 from conformance.matrix.plan import SetupPlan, StateDictKind, plan
 from conformance.rank import measure
 from conformance.rank.dropout import replace_output_dropout
-from conformance.rank.gather import clones, gather, shard, snapshot
+from conformance.rank.gather import Gathered, clones, gather, shard, snapshot
 from fixtures import inits, patterns
 from fixtures.compositions import COMPOSITIONS, Composition, Setup
 from fixtures.executors import EXECUTORS, ExecutorChoice
@@ -93,9 +93,11 @@ class Reference:
     setup_peak: int  # bytes eager PyTorch allocated at its peak while constructing it
     replicated: bool = False  # the Thunder module holds whole parameters on every rank (DDP)
 
-    def gather(self, tm: Any, grads: bool = False) -> dict[str, torch.Tensor]:
-        """The Thunder module's full parameters (or gradients), by this model's names."""
-        return gather(tm, self.shapes, grads=grads, replicated=self.replicated)
+    def gather(self, tm: Any, grads: bool = False) -> Gathered:
+        """The Thunder module's full parameters (or gradients), by this model's names, each
+        expected in the dtype of eager's."""
+        dtypes = {n: p.dtype for n, p in self.module.named_parameters()}
+        return gather(tm, self.shapes, grads=grads, replicated=self.replicated, dtypes=dtypes)
 
     def kit_pointers(self) -> set[int]:
         """Storages the kit holds for the reference: not the Thunder module's to account for."""

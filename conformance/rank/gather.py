@@ -26,57 +26,96 @@ def shard(full: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     return padded[rank * chunk : (rank + 1) * chunk].clone()
 
 
+class Gathered(dict[str, torch.Tensor]):
+    """Full tensors by name, and what some rank held that could not be gathered as it was
+    (``defects``: name -> what was wrong, rank by rank); those gather as NaN where that rank's
+    part goes, so every comparison of their values fails, and the numerics area names why."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], defects: dict[str, str]) -> None:
+        super().__init__(tensors)
+        self.defects = defects
+
+
 def unshard(piece: torch.Tensor, full_shape: torch.Size) -> torch.Tensor:
-    """Rebuild a full tensor from every rank's dim-0 shard (Thunder pads dim 0 to a multiple)."""
+    """Rebuild a full tensor from every rank's dim-0 shard (Thunder pads dim 0 to a multiple);
+    ``piece`` has the shape ``local_shape`` gives (``gather`` sees to it)."""
     world = dist.get_world_size()
-    chunk = -(-full_shape[0] // world)
-    assert tuple(piece.shape) == (chunk, *full_shape[1:]), (
-        f"shard of shape {tuple(piece.shape)} does not fit a dim-0 sharding of {tuple(full_shape)} "
-        f"over {world} ranks (expected {(chunk, *full_shape[1:])})"
-    )
     parts = [torch.empty_like(piece) for _ in range(world)]
     dist.all_gather(parts, piece.detach().contiguous())
     return torch.cat(parts)[: full_shape[0]].cpu()
 
 
-def whole(held: torch.Tensor, full_shape: torch.Size) -> torch.Tensor:
-    """A tensor every rank holds whole (DDP), checked as ``unshard`` checks a shard."""
-    assert tuple(held.shape) == tuple(full_shape), (
-        f"a replicated tensor of shape {tuple(held.shape)}, expected the whole {tuple(full_shape)}"
-    )
-    return held.detach().cpu().clone()
+def local_shape(full_shape: torch.Size, world: int, replicated: bool) -> tuple[int, ...]:
+    """What a rank holds of a parameter: all of it (DDP) or its padded dim-0 shard (FSDP)."""
+    return tuple(full_shape) if replicated else (-(-full_shape[0] // world), *full_shape[1:])
+
+
+def _defect(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> str | None:
+    """What keeps this rank's tensor from being gathered as it is, if anything."""
+    if t.is_meta:  # never materialized (the materialization area names the meta device too)
+        return "still on the meta device"
+    if tuple(t.shape) != shape:
+        return f"shape {tuple(t.shape)}, expected {shape}"
+    if t.dtype != dtype:
+        return f"dtype {t.dtype}, expected {dtype}"
+    if t.device != rank_device():
+        return f"on {t.device}, expected {rank_device()}"
+    return None
 
 
 def gather(
-    tm: Any, shapes: dict[str, torch.Size], grads: bool = False, replicated: bool = False
-) -> dict[str, torch.Tensor]:
+    tm: Any,
+    shapes: dict[str, torch.Size],
+    grads: bool = False,
+    replicated: bool = False,
+    dtypes: dict[str, torch.dtype] | None = None,
+) -> Gathered:
     """Full parameters (or their gradients) of the Thunder module, by name. A gradient that
     no rank has (a frozen parameter's) is left out, as eager leaves it None; one that only
     some ranks have is gathered with NaN on the others, so the ranks issue the same
     collectives either way (one all-reduce first says which). ``replicated`` (DDP): every
-    rank holds whole tensors, so this rank's are taken as they are."""
+    rank holds whole tensors, so this rank's are taken as they are. ``dtypes``: what each
+    should be (the parameter's own dtype where not given).
+
+    Never crashes on what Thunder left: a tensor of the wrong shape, dtype or device, or on
+    the meta device, is gathered as NaN of what this rank should hold (so that the ranks
+    still issue the same collectives) and named in the result's ``defects``."""
     params = {name: tm.get_parameter(name) for name in shapes}
     present = set(shapes)
     if grads:
         have = torch.tensor([p.grad is not None for p in params.values()], dtype=torch.int32, device=rank_device())
         dist.all_reduce(have)
         present = {name for name, n in zip(params, have.tolist(), strict=True) if n}
-    out = {}
+    out: dict[str, torch.Tensor] = {}
+    defects: dict[str, str] = {}
     world = dist.get_world_size()
     for name, shape in shapes.items():
         if name not in present:
             continue
         p = params[name]
         t = p.grad if grads else p
-        local = tuple(shape) if replicated else (-(-shape[0] // world), *shape[1:])
-        if t is None or t.is_meta:
-            # what Thunder left unreadable (a parameter never materialized stays on the meta
-            # device): NaN of the shape this rank should hold, so that the ranks still issue
-            # the same collectives and every comparison of its values fails naming it (the
-            # materialization area names the meta device)
-            t = torch.full(local, float("nan"), dtype=p.dtype, device=rank_device())
-        out[name] = whole(t, shape) if replicated else unshard(t, shape)
-    return out
+        local = local_shape(shape, world, replicated)
+        dtype = (dtypes or {}).get(name, p.dtype)
+        wrong = "no gradient" if t is None else _defect(t, local, dtype)
+        if wrong is not None:
+            defects[name] = wrong
+            t = torch.full(local, float("nan"), dtype=dtype, device=rank_device())
+        out[name] = t.detach().cpu().clone() if replicated else unshard(t, shape)
+    return Gathered(out, _every_ranks(defects))
+
+
+def _every_ranks(defects: dict[str, str]) -> dict[str, str]:
+    """Every rank's defects, merged by name ("rank 1: shape (3, 4), expected (4, 4)"); one
+    all-reduce says whether there are any to exchange."""
+    count = torch.tensor([len(defects)], dtype=torch.int32, device=rank_device())
+    dist.all_reduce(count)
+    if not count.item():
+        return {}
+    merged: dict[str, list[str]] = {}
+    for rank, theirs in enumerate(on_every_rank(defects)):
+        for name, what in theirs.items():
+            merged.setdefault(name, []).append(f"rank {rank}: {what}")
+    return {name: "; ".join(whats) for name, whats in merged.items()}
 
 
 def snapshot(module: nn.Module, grads: bool = False) -> dict[str, torch.Tensor]:
@@ -90,10 +129,10 @@ def cpu_copies(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Ten
     return {n: t.detach().cpu().clone() for n, t in named}
 
 
-def on_every_rank(values: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+def on_every_rank(values: dict[str, Any]) -> list[dict[str, Any]]:
     """Every rank's ``values`` (a few small CPU tensors, such as buffers), by rank: an object
     all-gather, as their shapes may differ from rank to rank, which a tensor collective forbids."""
-    every: list[dict[str, torch.Tensor]] = [{} for _ in range(dist.get_world_size())]
+    every: list[dict[str, Any]] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(every, values)
     return every
 
