@@ -150,6 +150,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(KitError):
         report.when = "setup"
         report.longrepr = str(call.excinfo.value)  # the message names the frame: no traceback of the kit's verdict
+    elif call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(KnownNonConformance):
+        # an expected non-conformance reads as its findings, as a failure does (not as the
+        # kit's frames and their locals)
+        report.longrepr = str(call.excinfo.value)
     return report
 
 
