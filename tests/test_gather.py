@@ -1,6 +1,6 @@
 """The kit's gather never crashes on what Thunder left (conformance/rank/gather.py): a
-parameter never materialized (still on the meta device), a gradient of the wrong shape or
-dtype, gathers as NaN where that rank's part goes, so that the ranks issue the same
+parameter never materialized (still on the meta device), a shard of the wrong shape or dtype
+(and its gradient), gathers as NaN where that rank's part goes, so that the ranks issue the same
 collectives, and every comparison of its values fails naming what was wrong. In a world of
 one gloo rank, in process."""
 

@@ -80,11 +80,15 @@ class Findings:
         return dataclasses.asdict(self)
 
 
+def strict_unless_finite(allowance: float) -> float:
+    """An allowance, or 0 where it is not finite: one derived from Thunder's own values (the
+    float32 twin run at Thunder's weights) is NaN or inf once those are, and may neither
+    crash a comparison (assert_close refuses a NaN tolerance) nor let anything pass."""
+    return allowance if math.isfinite(allowance) else 0.0
+
+
 def _finite(tolerances: dict[str, float]) -> dict[str, float]:
-    """Tolerances, a non-finite one made 0: an allowance derived from Thunder's own values (the
-    float32 twin run at Thunder's weights) is NaN or inf once those are, and neither may
-    crash the comparison (assert_close refuses a NaN tolerance) nor let anything pass."""
-    return {k: v if math.isfinite(v) else 0.0 for k, v in tolerances.items()}
+    return {k: strict_unless_finite(v) for k, v in tolerances.items()}
 
 
 @dataclasses.dataclass

@@ -35,7 +35,7 @@ import math
 import torch
 
 from conformance.checks.area import Area
-from conformance.checks.findings import Findings
+from conformance.checks.findings import Findings, strict_unless_finite
 from conformance.checks.record import CellRecord, ParametersAfter, RankGradients, ScenarioRecord, StepRecord
 from conformance.checks.storages import tie_groups
 from conformance.matrix.cells import Cell
@@ -441,8 +441,7 @@ def _as_whole(
             bound += reduction.norm().item()
         if extra is not None and n in extra and extra[n].shape == g.shape:
             bound += extra[n].norm().item()
-        if not math.isfinite(bound):  # derived from Thunder's NaN or inf weights (see findings._finite)
-            bound = 0.0
+        bound = strict_unless_finite(bound)
         worst = max(worst, thunder_err / bound if bound else (0.0 if thunder_err == 0 else float("inf")))
         with found.expect(f"{what} [{n}] as a whole"):
             assert thunder_err <= bound, (
@@ -553,8 +552,7 @@ def _update(
             floor = (rounding(g_after, dtype).norm() + rounding(g_before, dtype).norm()).item()
             allowed = moved[n].norm().item() if n in moved else 0.0
             bound = EAGER_ERROR_FACTOR * max(eager_err, floor) + allowed
-            if not math.isfinite(bound):  # derived from Thunder's NaN or inf weights (see findings._finite)
-                bound = 0.0
+            bound = strict_unless_finite(bound)
             worst = max(worst, thunder_err / bound if bound else (0.0 if thunder_err == 0 else float("inf")))
             assert thunder_err == thunder_err and thunder_err <= bound, (
                 f"the update is {thunder_err:.3g} away from the float32 twin's (size {twin.norm().item():.3g}); "

@@ -147,12 +147,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     # The kit's own failure is an error of the item, never Thunder's failure: pytest's
     # terminal summary, its exit status and its JUnit writer (<error>) all call a failure
     # outside the call phase an error, so the report says the verdict was never reached.
-    if call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(KitError):
-        report.when = "setup"
-        report.longrepr = str(call.excinfo.value)  # the message names the frame: no traceback of the kit's verdict
-    elif call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(KnownNonConformance):
-        # an expected non-conformance reads as its findings, as a failure does (not as the
-        # kit's frames and their locals)
+    # Both read as their message (the kit's error names its frame; an expected non-conformance
+    # is its findings, as a failure's message is), never as the kit's frames and their locals.
+    if call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance((KitError, KnownNonConformance)):
+        if call.excinfo.errisinstance(KitError):
+            report.when = "setup"
         report.longrepr = str(call.excinfo.value)
     return report
 

@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fixtures import patterns
+
 
 def rank_device() -> torch.device:
     """The device this rank's tensors and collectives live on: its GPU under nccl, else the CPU."""
@@ -20,7 +22,7 @@ def rank_device() -> torch.device:
 
 def shard(full: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     """This rank's dim-0 chunk of ``full``, padded the way Thunder's FSDP pads."""
-    chunk = -(-full.shape[0] // world)
+    chunk = patterns.chunk_rows(full.shape[0], world)
     padded = torch.zeros((chunk * world, *full.shape[1:]), dtype=full.dtype, device=full.device)
     padded[: full.shape[0]] = full
     return padded[rank * chunk : (rank + 1) * chunk].clone()
@@ -29,7 +31,7 @@ def shard(full: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 class Gathered(dict[str, torch.Tensor]):
     """Full tensors by name, and what some rank held that could not be gathered as it was
     (``defects``: name -> what was wrong, rank by rank); those gather as NaN where that rank's
-    part goes, so every comparison of their values fails, and the numerics area names why."""
+    part goes, and every comparison of them (``Findings.close``) names why."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], defects: dict[str, str]) -> None:
         super().__init__(tensors)
@@ -38,19 +40,19 @@ class Gathered(dict[str, torch.Tensor]):
 
 def unshard(piece: torch.Tensor, full_shape: torch.Size) -> torch.Tensor:
     """Rebuild a full tensor from every rank's dim-0 shard (Thunder pads dim 0 to a multiple);
-    ``piece`` has the shape ``local_shape`` gives (``gather`` sees to it)."""
+    ``piece`` has the shape ``_local_shape`` gives (``gather`` sees to it)."""
     world = dist.get_world_size()
     parts = [torch.empty_like(piece) for _ in range(world)]
     dist.all_gather(parts, piece.detach().contiguous())
     return torch.cat(parts)[: full_shape[0]].cpu()
 
 
-def local_shape(full_shape: torch.Size, world: int, replicated: bool) -> tuple[int, ...]:
+def _local_shape(full_shape: torch.Size, world: int, replicated: bool) -> tuple[int, ...]:
     """What a rank holds of a parameter: all of it (DDP) or its padded dim-0 shard (FSDP)."""
-    return tuple(full_shape) if replicated else (-(-full_shape[0] // world), *full_shape[1:])
+    return tuple(full_shape) if replicated else (patterns.chunk_rows(full_shape[0], world), *full_shape[1:])
 
 
-def _defect(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> str | None:
+def _defect(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> str | None:
     """What keeps this rank's tensor from being gathered as it is, if anything."""
     if t.is_meta:  # never materialized (the materialization area names the meta device too)
         return "still on the meta device"
@@ -58,8 +60,8 @@ def _defect(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> str 
         return f"shape {tuple(t.shape)}, expected {shape}"
     if t.dtype != dtype:
         return f"dtype {t.dtype}, expected {dtype}"
-    if t.device != rank_device():
-        return f"on {t.device}, expected {rank_device()}"
+    if t.device != device:
+        return f"on {t.device}, expected {device}"
     return None
 
 
@@ -82,8 +84,9 @@ def gather(
     still issue the same collectives) and named in the result's ``defects``."""
     params = {name: tm.get_parameter(name) for name in shapes}
     present = set(shapes)
+    device = rank_device()
     if grads:
-        have = torch.tensor([p.grad is not None for p in params.values()], dtype=torch.int32, device=rank_device())
+        have = torch.tensor([p.grad is not None for p in params.values()], dtype=torch.int32, device=device)
         dist.all_reduce(have)
         present = {name for name, n in zip(params, have.tolist(), strict=True) if n}
     out: dict[str, torch.Tensor] = {}
@@ -94,20 +97,20 @@ def gather(
             continue
         p = params[name]
         t = p.grad if grads else p
-        local = local_shape(shape, world, replicated)
+        local = _local_shape(shape, world, replicated)
         dtype = (dtypes or {}).get(name, p.dtype)
-        wrong = "no gradient" if t is None else _defect(t, local, dtype)
+        wrong = "no gradient" if t is None else _defect(t, local, dtype, device)
         if wrong is not None:
             defects[name] = wrong
-            t = torch.full(local, float("nan"), dtype=dtype, device=rank_device())
+            t = torch.full(local, float("nan"), dtype=dtype, device=device)
         out[name] = t.detach().cpu().clone() if replicated else unshard(t, shape)
-    return Gathered(out, _every_ranks(defects))
+    return Gathered(out, _merged_over_ranks(defects, device))
 
 
-def _every_ranks(defects: dict[str, str]) -> dict[str, str]:
+def _merged_over_ranks(defects: dict[str, str], device: torch.device) -> dict[str, str]:
     """Every rank's defects, merged by name ("rank 1: shape (3, 4), expected (4, 4)"); one
     all-reduce says whether there are any to exchange."""
-    count = torch.tensor([len(defects)], dtype=torch.int32, device=rank_device())
+    count = torch.tensor([len(defects)], dtype=torch.int32, device=device)
     dist.all_reduce(count)
     if not count.item():
         return {}
