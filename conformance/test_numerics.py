@@ -1,5 +1,5 @@
 """Numerics: outputs, full gradients and parameters after a few optimizer steps equal eager
-PyTorch within the dtype's tolerance (see conformance/checks/numerics.py for what is compared)."""
+PyTorch within the dtype's tolerance (see conformance/checks/numerics/ for what is compared)."""
 
 from conformance.matrix.cells import Cell
 

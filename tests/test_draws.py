@@ -1,6 +1,6 @@
-"""The module-init expectations of the materialization area (conformance/checks/draws.py),
-on synthetic values: every tensor can fail, whatever Thunder hands over never crashes the
-check, and a tied weight names the owner it was drawn like."""
+"""The module-init expectations of the materialization area (conformance/checks/draws.py,
+distributions.py, initial_values.py), on synthetic values: every tensor can fail, whatever
+Thunder hands over never crashes the check, and a tied weight names the owner it was drawn like."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 from conformance.checks import draws
+from conformance.checks.distributions import Dist, uniform
+from conformance.checks.initial_values import check_values, shard_copies
 from fixtures.models import MODELS, TinyLM
 
 
@@ -20,9 +22,9 @@ def expect(build):
 
 def test_registry_from_the_eager_model() -> None:
     exp = expect(lambda: TinyLM(tie=False))
-    assert exp["mid.weight"].fits == [("Linear", draws.uniform(-0.25, 0.25))]
-    assert exp["emb.weight"].fits == [("Embedding", draws.Dist("normal", 0.0, 1.0))]
-    assert exp["norm.weight"].fits == [("LayerNorm", draws.Dist("constant", 1.0))]
+    assert exp["mid.weight"].fits == [("Linear", uniform(-0.25, 0.25))]
+    assert exp["emb.weight"].fits == [("Embedding", Dist("normal", 0.0, 1.0))]
+    assert exp["norm.weight"].fits == [("LayerNorm", Dist("constant", 1.0))]
     assert not exp["norm.bias"].random and exp["mid.bias"].random
 
 
@@ -31,31 +33,31 @@ def test_the_tied_owner_is_the_one_eager_keeps() -> None:
     assert [cls for cls, _ in tied.fits] == ["Embedding"] and [cls for cls, _ in tied.others] == ["Linear"]
     # Thunder's values, drawn by the first owner (lm_head, a Linear)
     drawn = nn.Linear(24, 37).weight.detach()
-    assert draws.check_values(drawn, tied, torch.float32)[0] == (
+    assert check_values(drawn, tied, torch.float32)[0] == (
         "drawn like Linear.reset_parameters, not like Embedding.reset_parameters"
     )
-    assert draws.check_values(torch.randn(37, 24), tied, torch.float32)[0] is None
+    assert check_values(torch.randn(37, 24), tied, torch.float32)[0] is None
 
 
 def test_a_few_values_just_outside_fail() -> None:
     exp = expect(lambda: TinyLM(tie=False))["mid.weight"]
     torch.manual_seed(0)
-    assert draws.check_values(nn.Linear(16, 16).weight.detach(), exp, torch.float32)[0] is None
+    assert check_values(nn.Linear(16, 16).weight.detach(), exp, torch.float32)[0] is None
     wider = nn.Linear(16, 16).weight.detach() * 1.05
-    assert "values outside [-0.25" in draws.check_values(wider, exp, torch.float32)[0]
+    assert "values outside [-0.25" in check_values(wider, exp, torch.float32)[0]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_small_constant_tensors_fail(dtype) -> None:
     exp = expect(lambda: nn.Linear(20, 4))["bias"]  # 4 elements: too few for the KS test to fail them
-    assert "all 4 values equal" in draws.check_values(torch.full((4,), 0.1, dtype=dtype), exp, dtype)[0]
-    assert draws.check_values(torch.tensor([0.1, -0.2, 0.05, 0.0], dtype=dtype), exp, dtype)[0] is None
+    assert "all 4 values equal" in check_values(torch.full((4,), 0.1, dtype=dtype), exp, dtype)[0]
+    assert check_values(torch.tensor([0.1, -0.2, 0.05, 0.0], dtype=dtype), exp, dtype)[0] is None
 
 
 def test_constants_exactly() -> None:
     exp = expect(lambda: nn.LayerNorm(5))
-    assert draws.check_values(torch.ones(5), exp["weight"], torch.float32)[0] is None
-    found = draws.check_values(torch.tensor([1, 1, 1, 1, 1 + 1e-6]), exp["weight"], torch.float32)[0]
+    assert check_values(torch.ones(5), exp["weight"], torch.float32)[0] is None
+    found = check_values(torch.tensor([1, 1, 1, 1, 1 + 1e-6]), exp["weight"], torch.float32)[0]
     assert found.startswith("1 of 5 values differ from 1")
 
 
@@ -63,18 +65,18 @@ def test_what_thunder_produced_never_crashes() -> None:
     exp = expect(lambda: TinyLM(tie=False))["emb.weight"]
     bad = torch.randn(33, 16)
     bad[3, 4], bad[5, 6] = float("nan"), float("inf")
-    assert draws.check_values(bad, exp, torch.float32)[0] == "2 of 528 values not finite (1 NaN)"
-    assert draws.check_values(None, exp, torch.float32)[0] == "missing"
-    assert draws.check_values(torch.randn(3), exp, torch.float32)[0] == "shape (3,), expected (33, 16)"
-    found = draws.check_values(torch.randn(33, 16, dtype=torch.float64), exp, torch.float32)[0]
+    assert check_values(bad, exp, torch.float32)[0] == "2 of 528 values not finite (1 NaN)"
+    assert check_values(None, exp, torch.float32)[0] == "missing"
+    assert check_values(torch.randn(3), exp, torch.float32)[0] == "shape (3,), expected (33, 16)"
+    found = check_values(torch.randn(33, 16, dtype=torch.float64), exp, torch.float32)[0]
     assert found == "dtype torch.float64, expected torch.float32"
-    assert draws.check_values(torch.zeros(33, 16, dtype=torch.int64), exp, torch.float32)[0].startswith("dtype")
+    assert check_values(torch.zeros(33, 16, dtype=torch.int64), exp, torch.float32)[0].startswith("dtype")
 
 
 def test_narrower_draws_fail_the_ks_test() -> None:
     exp = expect(lambda: TinyLM(tie=False))["emb.weight"]
     torch.manual_seed(0)
-    found, ratio = draws.check_values(torch.randn(33, 16) * 0.5, exp, torch.float32)
+    found, ratio = check_values(torch.randn(33, 16) * 0.5, exp, torch.float32)
     assert found.startswith("KS statistic") and ratio > 1
 
 
@@ -96,35 +98,35 @@ def test_fallback_from_fresh_eager_draws() -> None:
     exp = expect(Custom)
     assert exp["w"].empirical == "random" and "KS test only" in exp["w"].describe()
     assert exp["g"].empirical == "deterministic"
-    assert draws.check_values(torch.full((3,), 0.5), exp["g"], torch.float32)[0] is None
-    assert "draws nothing at random" in draws.check_values(torch.full((3,), 0.25), exp["g"], torch.float32)[0]
+    assert check_values(torch.full((3,), 0.5), exp["g"], torch.float32)[0] is None
+    assert "draws nothing at random" in check_values(torch.full((3,), 0.25), exp["g"], torch.float32)[0]
     torch.manual_seed(0)
-    assert draws.check_values(torch.randn(40) * 0.1, exp["w"], torch.float32)[0] is None
-    shifted = draws.check_values(torch.randn(40) * 0.1 + 0.2, exp["w"], torch.float32)[0]
+    assert check_values(torch.randn(40) * 0.1, exp["w"], torch.float32)[0] is None
+    shifted = check_values(torch.randn(40) * 0.1 + 0.2, exp["w"], torch.float32)[0]
     assert shifted.startswith("not distributed like a fresh draw of Custom.reset_parameters: KS statistic")
-    assert "all 40 values equal" in draws.check_values(torch.full((40,), 0.01), exp["w"], torch.float32)[0]
+    assert "all 40 values equal" in check_values(torch.full((40,), 0.01), exp["w"], torch.float32)[0]
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_shards_are_not_copies(world) -> None:
     full = torch.randn(37, 24)
-    assert draws.shard_copies(full, world)[0] is None
+    assert shard_copies(full, world)[0] is None
     chunk = math.ceil(37 / world)
     copied = full.clone()
     for r in range(1, world):
         rows = copied[r * chunk : (r + 1) * chunk]
         rows.copy_(copied[: len(rows)])
-    found, compared, _ = draws.shard_copies(copied, world)
+    found, compared, _ = shard_copies(copied, world)
     assert compared == world * (world - 1) // 2
     assert found.startswith("shards of ranks 0 and 1 (") and "copies" in found
     # one rank's shard copied from another's, over the rows both hold (the last is partial)
     last = full.clone()
     last[(world - 1) * chunk :] = last[: 37 - (world - 1) * chunk]
-    assert f"0 and {world - 1} ({37 - (world - 1) * chunk} rows)" in draws.shard_copies(last, world)[0]
+    assert f"0 and {world - 1} ({37 - (world - 1) * chunk} rows)" in shard_copies(last, world)[0]
 
 
 def test_shards_too_small_to_compare() -> None:
     # 5 rows over 4 ranks: chunks of 2, the last rank holds nothing; one bfloat16 pair of
     # single values may coincide by chance, so it is not compared
-    assert draws.shard_copies(torch.ones(5, dtype=torch.bfloat16), 4) == (None, 0, 3)
-    assert draws.shard_copies(torch.ones(5), 4)[0].startswith("shards of ranks 0 and 1 (2 rows), 0 and 2 (1 rows)")
+    assert shard_copies(torch.ones(5, dtype=torch.bfloat16), 4) == (None, 0, 3)
+    assert shard_copies(torch.ones(5), 4)[0].startswith("shards of ranks 0 and 1 (2 rows), 0 and 2 (1 rows)")

@@ -1,4 +1,4 @@
-"""The gradient-scale comparison below float32 (numerics.judge_gradient_scale), on gradients
+"""The gradient-scale comparison below float32 (numerics.scale.judge_gradient_scale), on gradients
 built the way data-parallel ranks build them: each rank's Linear weight gradient from its own
 micro-batch, the reference computed by eager from a bfloat16 upstream gradient, "Thunder"
 from the float32 one, rounding once (as a fusing executor does), and then reducing in
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conformance.checks.findings import Findings
-from conformance.checks.numerics import judge_gradient_scale, scale_constants
+from conformance.checks.numerics.scale import judge_gradient_scale, scale_constants
 from conformance.matrix.cells import Cell
 
 SHAPES = {"fc1.weight": (32, 24), "fc2.weight": (16, 32), "fc2.bias": (16,)}

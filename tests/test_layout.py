@@ -154,7 +154,7 @@ def _append(path: Path, line: str) -> None:
 @pytest.mark.parametrize(
     ("module", "line", "says"),
     [
-        ("conformance/checks/numerics.py", "from conformance.rank import train", "numerics (checks) imports"),
+        ("conformance/checks/numerics/steps.py", "from conformance.rank import train", "steps (checks) imports"),
         ("conformance/world/launch.py", "from conformance.matrix.cells import Cell", "launch (world) imports"),
         ("conformance/frontend/verdict.py", "import conformance.rank.entry", "verdict (frontend) imports"),
         ("conformance/reports/summary.py", "from conformance.frontend import runner", "summary (reports) imports"),

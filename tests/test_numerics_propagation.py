@@ -1,5 +1,5 @@
 """What the numerics area allows an update to move when gradients are off by as much as
-eager's (``numerics.propagated``), held against torch's own optimizers: perturbing one step's
+eager's (``numerics.propagation.propagated``), held against torch's own optimizers: perturbing one step's
 gradient by its allowance moves torch's update by no more than the allowance says, and by
 about as much where the perturbation is small (the bound is first order, not a guess)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.checks import numerics
+from conformance.checks.numerics import propagation, tolerances
 from conformance.checks.record import ParametersAfter, StepRecord
 from fixtures.optimizers import OPTIMIZERS
 
@@ -47,9 +47,9 @@ def test_a_gradient_off_by_its_allowance_moves_the_update_within_the_bound(name:
     grads[1][:8] = -grads[0][:8] * 0.98
     eager = [g + 1e-3 * torch.randn(64, generator=gen, dtype=torch.float64) for g in grads]
     phase = [_step(name, g, e) for g, e in zip(grads, eager, strict=True)]
-    bound = numerics.propagated(OPTIMIZERS[name], phase, "w", DTYPE)
+    bound = propagation.propagated(OPTIMIZERS[name], phase, "w", DTYPE)
     assert bound is not None and bound.shape == (64,)
-    allowances = [numerics.gradient_allowance(s, "w", DTYPE) for s in phase]
+    allowances = [tolerances.gradient_allowance(s, "w", DTYPE) for s in phase]
     exact = _updates(name, grads)
     for sign in (1.0, -1.0):
         for j in range(len(grads)):  # one step's gradient off by its whole allowance
@@ -67,7 +67,7 @@ def test_a_skipped_step_still_moves_the_update_past_the_bound() -> None:
     grads = [torch.randn(256, generator=gen, dtype=torch.float64) for _ in range(2)]
     eager = [g * (1 + 4e-3 * torch.randn(256, generator=gen, dtype=torch.float64)) for g in grads]
     phase = [_step("AdamW", g, e) for g, e in zip(grads, eager, strict=True)]
-    bound = numerics.propagated(OPTIMIZERS["AdamW"], phase, "w", DTYPE)
+    bound = propagation.propagated(OPTIMIZERS["AdamW"], phase, "w", DTYPE)
     # the whole update is what a skipped step is off by
     assert _updates("AdamW", grads).norm() > 5 * bound.norm()
 
@@ -75,5 +75,5 @@ def test_a_skipped_step_still_moves_the_update_past_the_bound() -> None:
 def test_a_missing_gradient_allows_nothing() -> None:
     step = _step("SGD", torch.ones(3), torch.ones(3))
     step.golden_grads = None
-    assert numerics.propagated(OPTIMIZERS["SGD"], [step], "w", DTYPE) is None
-    assert numerics.gradient_allowance(_step("SGD", torch.ones(3), torch.ones(2)), "w", DTYPE) is None
+    assert propagation.propagated(OPTIMIZERS["SGD"], [step], "w", DTYPE) is None
+    assert tolerances.gradient_allowance(_step("SGD", torch.ones(3), torch.ones(2)), "w", DTYPE) is None

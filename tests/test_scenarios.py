@@ -11,7 +11,7 @@ import torch
 from conformance.checks import collectives
 from conformance.checks.collectives import expected_counts, scenario_counts
 from conformance.checks.findings import Findings
-from conformance.checks.numerics import judge_scenario
+from conformance.checks.numerics.scenarios import judge_scenario
 from conformance.checks.record import Compared, Resumed, ScenarioRecord
 from conformance.checks.state_dict import judge_resumed
 from conformance.checks.traces import FinalTraces

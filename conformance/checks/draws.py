@@ -1,6 +1,6 @@
 """What module init must draw, derived from the eager model: for every parameter, the
-distribution its module's ``reset_parameters`` draws from, and the tests that hold values
-to it.
+distribution its module's ``reset_parameters`` draws from (``distributions``, whose tests
+hold values to it).
 
 A small registry, keyed by the class whose ``reset_parameters`` runs, knows torch's built-in
 layers and litgpt's RMSNorm: uniform(lo, hi), normal(mean, std) or a constant. Each entry is
@@ -10,8 +10,7 @@ different seeds, identical → deterministic (Thunder's values must equal eager'
 random, held only to a two-sample KS test against a fresh draw. A tied weight's expected
 distribution is the one of the owner whose draw the fresh eager model kept.
 
-Every test here has a false-alarm chance set in advance (see ``Z``, ``KS_ALPHA_C``,
-``RANDOM_CHANCE``); none of them reads what Thunder produced to decide what to expect.
+No expectation reads what Thunder produced.
 """
 
 from __future__ import annotations
@@ -25,54 +24,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-# Normal draws must lie within mean ± Z·std: a false alarm per value of 2Φ(-6.5) = 8.0e-11,
-# 7.1e-8 for the 888 normal values of the largest model (litgpt's wte), < 1e-6 per ci run.
-Z = 6.5
-KS_ALPHA_C = 1.949  # c(alpha) of the Kolmogorov-Smirnov tests at alpha = 0.001
-# A random tensor must not look constant, nor two ranks' shards equal, where a true random
-# draw would do so by chance with at most this probability. Two draws of a continuous
-# distribution rounded to a dtype coincide with probability <= eps/2 (uniform: the widest
-# rounding interval is eps·|bound| of a range 2·|bound|; normal: eps·max x·φ(x) < eps/2), so
-# n values are all equal with probability <= (eps/2)^(n-1), m pairs with <= (eps/2)^m:
-# float32 from 2 values (1 pair) on, bfloat16 from 4 values (3 pairs) on.
-RANDOM_CHANCE = 1e-7
+from conformance.checks.distributions import Dist, judge, uniform
+
 FRESH_SEEDS = (7919, 7927)
-
-Kind = Literal["uniform", "normal", "constant"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Dist:
-    kind: Kind
-    a: float  # lo, mean or the value
-    b: float = 0.0  # hi or std
-
-    def __str__(self) -> str:
-        if self.kind == "uniform":
-            return f"uniform({self.a:.6g}, {self.b:.6g})"
-        if self.kind == "normal":
-            return f"normal({self.a:.6g}, {self.b:.6g})"
-        return f"constant {self.a:g}"
-
-    @property
-    def random(self) -> bool:
-        return self.kind != "constant"
-
-    def bounds(self, dtype: torch.dtype) -> tuple[float, float]:
-        """Where every value must lie, widened by one rounding step of ``dtype``."""
-        lo, hi = (self.a, self.b) if self.kind == "uniform" else (self.a - Z * self.b, self.a + Z * self.b)
-        slack = max(abs(lo), abs(hi)) * _eps(dtype)
-        return lo - slack, hi + slack
-
-    def cdf(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "uniform":
-            return ((x - self.a) / (self.b - self.a)).clamp(0, 1)
-        return 0.5 * (1 + torch.erf((x - self.a) / (self.b * math.sqrt(2))))
-
-
-def uniform(lo: float, hi: float) -> Dist:
-    return Dist("uniform", lo, hi) if hi > lo else Dist("constant", lo)
-
 
 # ---------------------------------------------------------------------------------------
 # The registry: class whose reset_parameters runs -> (module, parameter name) -> Dist | None
@@ -233,154 +187,3 @@ def _fallback_draws(
             twin.reset_parameters()
             draws.append(getattr(twin, leaf).detach().clone())
     return f"{type(module).__name__}.reset_parameters", (draws[0], draws[1])
-
-
-# ---------------------------------------------------------------------------------------
-# Tests of values
-
-
-def _eps(dtype: torch.dtype) -> float:
-    return torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
-
-
-def coincidence(dtype: torch.dtype) -> float:
-    """Bound on the chance that two random draws rounded to ``dtype`` are equal."""
-    return max(_eps(dtype), torch.finfo(torch.float64).eps) / 2
-
-
-def may_look_constant(n: int, dtype: torch.dtype) -> bool:
-    """Whether n random values could all be equal by chance (more likely than RANDOM_CHANCE)."""
-    return n < 2 or coincidence(dtype) ** (n - 1) > RANDOM_CHANCE
-
-
-def ks_one_sample(values: torch.Tensor, dist: Dist) -> tuple[float, float]:
-    """One-sample Kolmogorov-Smirnov statistic against ``dist`` and its critical value."""
-    x = values.double().flatten().sort().values
-    n = x.numel()
-    f = dist.cdf(x)
-    i = torch.arange(1, n + 1, dtype=torch.float64)
-    d = torch.maximum(i / n - f, f - (i - 1) / n).max().item()
-    return d, KS_ALPHA_C / math.sqrt(n)
-
-
-def ks_two_sample(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """Two-sample Kolmogorov-Smirnov statistic and its critical value."""
-    a, b = a.double().flatten(), b.double().flatten()
-    n, m = a.numel(), b.numel()
-    values = torch.cat([a, b]).sort().values
-    cdf_a = torch.searchsorted(a.sort().values, values, right=True) / n
-    cdf_b = torch.searchsorted(b.sort().values, values, right=True) / m
-    return (cdf_a - cdf_b).abs().max().item(), KS_ALPHA_C * math.sqrt((n + m) / (n * m))
-
-
-def judge(values: torch.Tensor, dist: Dist) -> tuple[str | None, float | None]:
-    """Why ``values`` (finite) were not drawn from ``dist``, or None; and the KS statistic
-    over its critical value, where the tensor is large enough for the test to reject."""
-    x = values.detach().double().flatten()
-    n = x.numel()
-    if n == 0:
-        return None, None
-    if dist.kind == "constant":
-        expected = torch.tensor(dist.a, dtype=values.dtype).double().item()
-        wrong = x != expected
-        if wrong.any():
-            return f"{int(wrong.sum())} of {n} values differ from {expected:g} (e.g. {x[wrong][0].item():.6g})", None
-        return None, None
-    lo, hi = dist.bounds(values.dtype)
-    outside = (x < lo) | (x > hi)
-    if outside.any():
-        where = f"[{lo:.6g}, {hi:.6g}]" if dist.kind == "uniform" else f"mean ± {Z}·std = [{lo:.6g}, {hi:.6g}]"
-        return (
-            f"{int(outside.sum())} of {n} values outside {where} (min {x.min().item():.6g}, max {x.max().item():.6g})",
-            None,
-        )
-    if not may_look_constant(n, values.dtype) and (x == x[0]).all():
-        return f"all {n} values equal {x[0].item():.6g}", None
-    d, critical = ks_one_sample(x, dist)
-    if critical >= 1:  # too few values for the test to reject anything
-        return None, None
-    if d > critical:
-        return f"KS statistic {d:.3f} > {critical:.3f}", d / critical
-    return None, d / critical
-
-
-def check_values(value: torch.Tensor | None, exp: Expectation, dtype: torch.dtype) -> tuple[str | None, float | None]:
-    """Why Thunder's initial ``value`` breaks ``exp`` (one message), or None; and the KS ratio."""
-    if value is None:
-        return "missing", None
-    if not isinstance(value, torch.Tensor):
-        return f"not a tensor: {type(value).__name__}", None
-    problems = []
-    if tuple(value.shape) != exp.shape:
-        return f"shape {tuple(value.shape)}, expected {exp.shape}", None
-    if value.dtype != dtype:
-        problems.append(f"dtype {value.dtype}, expected {dtype}")
-    if value.dtype.is_floating_point or value.dtype.is_complex:
-        finite = torch.isfinite(value)
-        if not finite.all():
-            nan = int(torch.isnan(value).sum())
-            problems.append(f"{int((~finite).sum())} of {value.numel()} values not finite ({nan} NaN)")
-            return "; ".join(problems), None
-    found, ratio = _against(value, exp)
-    return "; ".join([*problems, *([found] if found else [])]) or None, ratio
-
-
-def _against(value: torch.Tensor, exp: Expectation) -> tuple[str | None, float | None]:
-    if exp.empirical == "deterministic":
-        fresh = exp.fresh.to(value.dtype)
-        if not torch.equal(value, fresh):
-            err = (value.double() - fresh.double()).abs().max().item()
-            return (
-                f"differs from eager, where {exp.owner} draws nothing at random: max abs err {err:.3g}",
-                None,
-            )
-        return None, None
-    if exp.empirical == "random":
-        x = value.double().flatten()
-        if not exp.fresh_constant and not may_look_constant(x.numel(), value.dtype) and (x == x[0]).all():
-            return f"all {x.numel()} values equal {x[0].item():.6g}", None
-        d, critical = ks_two_sample(x, exp.fresh)
-        if critical >= 1:
-            return None, None
-        if d > critical:
-            return (
-                f"not distributed like a fresh draw of {exp.owner}: KS statistic {d:.3f} > {critical:.3f}",
-                d / critical,
-            )
-        return None, d / critical
-    verdicts = [judge(value, d) for _, d in exp.fits]
-    ratios = [r for _, r in verdicts if r is not None]
-    if any(found is None for found, _ in verdicts):
-        return None, min(ratios, default=None)
-    expected_cls, expected = exp.fits[0]
-    for cls, dist in exp.others:
-        if judge(value, dist)[0] is None:
-            return f"drawn like {cls}.reset_parameters, not like {expected_cls}.reset_parameters", None
-    return f"{verdicts[0][0]}: {expected_cls}.reset_parameters draws {expected}", verdicts[0][1]
-
-
-def shard_copies(value: torch.Tensor, world: int) -> tuple[str | None, int, int]:
-    """Whether ranks' dim-0 shards of ``value`` (chunks of ceil(dim0 / world) rows, as FSDP
-    pads; the last may be partial or empty) equal one another over the rows both hold.
-    Returns the failure (or None), the pairs compared, and the pairs too small to compare."""
-    if value.dim() == 0 or world < 2:
-        return None, 0, 0
-    rows = value.shape[0]
-    chunk = -(-rows // world)
-    shards = [value[r * chunk : min((r + 1) * chunk, rows)] for r in range(world)]
-    equal, compared, skipped = [], 0, 0
-    for r in range(world):
-        for s in range(r + 1, world):
-            common = min(len(shards[r]), len(shards[s]))
-            if common == 0:
-                continue
-            a, b = shards[r][:common], shards[s][:common]
-            if coincidence(value.dtype) ** a.numel() > RANDOM_CHANCE:
-                skipped += 1
-                continue
-            compared += 1
-            if torch.equal(a, b):
-                equal.append(f"{r} and {s} ({common} rows)")
-    if equal:
-        return f"shards of ranks {', '.join(equal)} are equal: copies, not parts of one draw", compared, skipped
-    return None, compared, skipped

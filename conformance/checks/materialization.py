@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance.checks import draws
+from conformance.checks import distributions, draws, initial_values
 from conformance.checks.area import Area
 from conformance.checks.findings import Findings
 from conformance.checks.record import CellRecord
@@ -72,19 +72,19 @@ def _like_module_init(run: CellRecord, found: Findings) -> None:
         with found.expect(f"initial parameters [{name}]"):
             assert exp is not None, "not a parameter of the eager model"
             dtype = reference[name].dtype if name in reference else run.dtype
-            failure, ratio = draws.check_values(value, exp, dtype)
+            failure, ratio = initial_values.check_values(value, exp, dtype)
             worst = max(worst, ratio or 0.0)
             assert failure is None, failure
         if exp is None or not exp.random or not isinstance(value, torch.Tensor) or tuple(value.shape) != exp.shape:
             continue
         with found.expect(f"initial shards [{name}]"):
-            failure, pairs, skipped = draws.shard_copies(value, run.cell.world_size)
+            failure, pairs, skipped = initial_values.shard_copies(value, run.cell.world_size)
             compared, too_small = compared + pairs, too_small + skipped
             assert failure is None, failure
     found.metrics["initial parameters expected"] = {n: e.describe() for n, e in expected.items()}
     found.metrics["initial parameters KS only"] = sorted(n for n, e in expected.items() if e.empirical == "random")
     found.metrics["initial parameters KS / critical (worst)"] = worst
-    found.metrics["initial parameters normal bound (z)"] = draws.Z
+    found.metrics["initial parameters normal bound (z)"] = distributions.Z
     found.metrics["initial shards: pairs of ranks compared"] = compared
     found.metrics["initial shards: pairs too small to compare"] = too_small
 
@@ -97,7 +97,7 @@ def _buffer_draws(run: CellRecord, found: Findings) -> dict[str, draws.Expectati
         with found.expect(f"initial buffers [{name}]"):
             reference = run.setup.reference_buffers.get(name)
             dtype = reference.dtype if reference is not None else run.dtype
-            failure, _ = draws.check_values(run.setup.buffers.get(name), exp, dtype)
+            failure, _ = initial_values.check_values(run.setup.buffers.get(name), exp, dtype)
             assert failure is None, failure
     return expected
 

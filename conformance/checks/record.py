@@ -175,7 +175,7 @@ class ScenarioRecord:
     reference_grads: Tensors | None = None
     golden_grads: Tensors | None = None
     # below float32: eager's gradients of each rank's own loss in the cell's dtype
-    # (numerics.Local), where the scenario's gradients are one reduction of the ranks'
+    # (numerics.tolerances.Local), where the scenario's gradients are one reduction of the ranks'
     local: RankGradients | None = None
     # gradients a recognisable mistake would produce, by what names it (eager's and the twin's),
     # so that a failure can say which one Thunder made, e.g. "the last micro-step's alone"

@@ -70,7 +70,7 @@ def rank_gradients(
     data-parallel rank computes it before any reduction): their mean over the ranks and the
     mean of their magnitudes, in float64. Against the Thunder module's reduced gradient at the
     same weights, what differs is the reduction's rounding and the local computation's, never
-    a scale (conformance/checks/numerics.judge_gradient_scale)."""
+    a scale (conformance/checks/numerics/scale.judge_gradient_scale)."""
     outs = [module(x) for x in inputs] if buffers is None else buffers.forward(inputs)
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     total: dict[str, torch.Tensor] = {}

@@ -131,7 +131,7 @@ class _Lockstep:
         if measured:
             training.saved = _saved_tensors(out)
         # below float32: eager in the cell's dtype at the Thunder module's weights, each rank's
-        # own gradient (numerics.judge_gradient_scale)
+        # own gradient (numerics.scale.judge_gradient_scale)
         at_thunder = self.reference_at_thunder_weights() if golden is not None else None
         ref_outs = self.reference_buffers.forward(inputs)
         cotangents = [

@@ -41,7 +41,7 @@ def accumulate(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: 
     tm.zero_grad(set_to_none=True)
     per_step = [batch_gradients(eager.module, b)[1] for b in batches]
     golden = [batch_gradients(eager.golden, b, float32=True)[1] for b in batches] if eager.golden is not None else None
-    # below float32, each micro-step's gradients as the ranks compute them (numerics.Local)
+    # below float32, each micro-step's gradients as the ranks compute them (numerics.tolerances.Local)
     local = [rank_gradients(eager.module, b.inputs, b.cotangents) for b in batches] if golden is not None else None
     skipped = len(batches) - 1
     # each recognisable mistake as the weight it gives each micro-step's gradients

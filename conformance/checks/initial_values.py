@@ -1,0 +1,91 @@
+"""Thunder's initial values held to what module init must draw (``draws.Expectation``): the
+values of one tensor, and whether ranks' shards of a random tensor are copies of one another."""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.checks.distributions import RANDOM_CHANCE, coincidence, judge, ks_two_sample, may_look_constant
+from conformance.checks.draws import Expectation
+
+
+def check_values(value: torch.Tensor | None, exp: Expectation, dtype: torch.dtype) -> tuple[str | None, float | None]:
+    """Why Thunder's initial ``value`` breaks ``exp`` (one message), or None; and the KS ratio."""
+    if value is None:
+        return "missing", None
+    if not isinstance(value, torch.Tensor):
+        return f"not a tensor: {type(value).__name__}", None
+    problems = []
+    if tuple(value.shape) != exp.shape:
+        return f"shape {tuple(value.shape)}, expected {exp.shape}", None
+    if value.dtype != dtype:
+        problems.append(f"dtype {value.dtype}, expected {dtype}")
+    if value.dtype.is_floating_point or value.dtype.is_complex:
+        finite = torch.isfinite(value)
+        if not finite.all():
+            nan = int(torch.isnan(value).sum())
+            problems.append(f"{int((~finite).sum())} of {value.numel()} values not finite ({nan} NaN)")
+            return "; ".join(problems), None
+    found, ratio = _against(value, exp)
+    return "; ".join([*problems, *([found] if found else [])]) or None, ratio
+
+
+def _against(value: torch.Tensor, exp: Expectation) -> tuple[str | None, float | None]:
+    if exp.empirical == "deterministic":
+        fresh = exp.fresh.to(value.dtype)
+        if not torch.equal(value, fresh):
+            err = (value.double() - fresh.double()).abs().max().item()
+            return (
+                f"differs from eager, where {exp.owner} draws nothing at random: max abs err {err:.3g}",
+                None,
+            )
+        return None, None
+    if exp.empirical == "random":
+        x = value.double().flatten()
+        if not exp.fresh_constant and not may_look_constant(x.numel(), value.dtype) and (x == x[0]).all():
+            return f"all {x.numel()} values equal {x[0].item():.6g}", None
+        d, critical = ks_two_sample(x, exp.fresh)
+        if critical >= 1:
+            return None, None
+        if d > critical:
+            return (
+                f"not distributed like a fresh draw of {exp.owner}: KS statistic {d:.3f} > {critical:.3f}",
+                d / critical,
+            )
+        return None, d / critical
+    verdicts = [judge(value, d) for _, d in exp.fits]
+    ratios = [r for _, r in verdicts if r is not None]
+    if any(found is None for found, _ in verdicts):
+        return None, min(ratios, default=None)
+    expected_cls, expected = exp.fits[0]
+    for cls, dist in exp.others:
+        if judge(value, dist)[0] is None:
+            return f"drawn like {cls}.reset_parameters, not like {expected_cls}.reset_parameters", None
+    return f"{verdicts[0][0]}: {expected_cls}.reset_parameters draws {expected}", verdicts[0][1]
+
+
+def shard_copies(value: torch.Tensor, world: int) -> tuple[str | None, int, int]:
+    """Whether ranks' dim-0 shards of ``value`` (chunks of ceil(dim0 / world) rows, as FSDP
+    pads; the last may be partial or empty) equal one another over the rows both hold.
+    Returns the failure (or None), the pairs compared, and the pairs too small to compare."""
+    if value.dim() == 0 or world < 2:
+        return None, 0, 0
+    rows = value.shape[0]
+    chunk = -(-rows // world)
+    shards = [value[r * chunk : min((r + 1) * chunk, rows)] for r in range(world)]
+    equal, compared, skipped = [], 0, 0
+    for r in range(world):
+        for s in range(r + 1, world):
+            common = min(len(shards[r]), len(shards[s]))
+            if common == 0:
+                continue
+            a, b = shards[r][:common], shards[s][:common]
+            if coincidence(value.dtype) ** a.numel() > RANDOM_CHANCE:
+                skipped += 1
+                continue
+            compared += 1
+            if torch.equal(a, b):
+                equal.append(f"{r} and {s} ({common} rows)")
+    if equal:
+        return f"shards of ranks {', '.join(equal)} are equal: copies, not parts of one draw", compared, skipped
+    return None, compared, skipped

@@ -1,0 +1,56 @@
+"""Numerics' judgement of what a cell's scenario did after training (conformance/rank/scenarios/)."""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.checks.findings import Findings
+from conformance.checks.numerics.tolerances import Local, compare, named_output
+from conformance.checks.record import ScenarioRecord
+from fixtures.options import MICRO_STEPS
+
+# How a scenario's findings name what it compared (conformance/rank/scenarios/).
+PHRASES = {
+    "infer": "under no_grad",
+    "accumulate": f"accumulated over {MICRO_STEPS} micro-steps",
+    "reshape": "at the second input shape",
+    "resume": "after resuming from a checkpoint",  # judged by the state_dict area: it records no output here
+}
+
+
+def judge_scenario(found: Findings, record: ScenarioRecord, dtype: torch.dtype, world: int) -> None:
+    """What the cell's scenario did after training, against eager PyTorch holding the Thunder
+    module's own weights: its output and gradients with the same tolerances as a training
+    step's (below float32, from that eager model's float32 twin); under no_grad, a result
+    that needs no gradient. Gradients that equal one of the record's recognisable mistakes
+    fail once, naming it."""
+    phrase = PHRASES[record.scenario]
+    first = "output" if record.scenario != "accumulate" else "gradients"
+    if record.error is not None:
+        # the first line names the kind of refusal (what an xfails entry pins), the next what Thunder said
+        kind = record.error.split(":", 1)[0]
+        found.failures.append(f"{first} {phrase}: Thunder raised {kind}\n{record.error}")
+        return
+    if record.requires_grad is not None:
+        with found.expect(f"output {phrase} needs no gradient"):
+            assert not record.requires_grad, "it requires grad: Thunder recorded the computation for a backward"
+    if record.output is not None and record.reference_output is not None:
+        actual, expected = {"output": record.output}, {"output": record.reference_output}
+        compare(found, f"output {phrase}", actual, expected, named_output(record.golden_output), dtype)
+    if record.grads is None or record.reference_grads is None:
+        return
+    what = f"gradients {phrase}"
+    scratch = Findings()
+    # the twin holds the same weights; each micro-step accumulated adds one more addition
+    additions = world - 1 + (MICRO_STEPS - 1 if record.scenario == "accumulate" else 0)
+    local = Local.of(record.local, record.golden_grads, additions, dtype)
+    ok = compare(scratch, what, record.grads, record.reference_grads, record.golden_grads, dtype, local=local)
+    found.metrics.update(scratch.metrics)
+    if ok:
+        return
+    for name, (reference, golden) in record.alternatives.items():
+        local = Local.of(record.alternatives_local.get(name), golden, additions, dtype)
+        if compare(Findings(), what, record.grads, reference, golden, dtype, local=local):
+            found.failures.append(f"{what}: equal {name}")
+            return
+    found.failures += scratch.failures

@@ -1,0 +1,90 @@
+"""Numerics' step loop: every kind of comparison at every training step, each reporting the
+first step where it fails, then the dropout, the scenario and the tied parameters."""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.checks.findings import Findings
+from conformance.checks.numerics.dropout import judge_dropout
+from conformance.checks.numerics.propagation import judge_update, propagated_per_parameter
+from conformance.checks.numerics.scale import judge_gradient_scale, scale_constants
+from conformance.checks.numerics.scenarios import judge_scenario
+from conformance.checks.numerics.tolerances import Local, Tensors, compare, drift_effect, named_output
+from conformance.checks.record import CellRecord, StepRecord
+from conformance.checks.storages import tie_groups
+from fixtures.compositions import COMPOSITIONS
+from fixtures.models import MODELS
+
+
+def check(run: CellRecord) -> Findings:
+    found = Findings()
+    low = run.dtype != torch.float32
+    before = run.before
+    failed: set[str] = set()  # kinds already failing: only the first step is reported
+    phase: list[StepRecord] = []  # the steps of the optimizer now stepping (each starts fresh)
+    # per parameter: what the optimizer made of gradients off as far as eager's, this step and
+    # summed over the steps so far (Thunder's parameters may drift from the twin's by the sum)
+    moved: dict[str, torch.Tensor] = {}
+    drift: dict[str, torch.Tensor] = {}
+    constants = scale_constants(run.cell)
+    # each rank's rows where they are its shard (FSDP's), not where every rank holds all
+    shards = 1 if COMPOSITIONS[run.cell.composition].replicated else run.cell.world_size
+    for k, step in enumerate(run.steps):
+        phase = [*phase, step] if phase and phase[-1].optimizer == step.optimizer else [step]
+        if low:
+            moved = propagated_per_parameter(phase, step.after.golden or {}, run.dtype, run.cell.world_size)
+            drift = {n: drift[n] + m if n in drift else m for n, m in moved.items()}
+        kinds: dict[str, tuple[Tensors, Tensors, Tensors | None]] = {
+            "output": ({"output": step.output}, {"output": step.reference_output}, named_output(step.golden_output)),
+            "gradients": (step.grads, step.reference_grads, step.golden_grads),
+            "parameters": (step.after.thunder, step.after.reference, step.after.golden),
+            # what the forward made of this rank's buffers (running statistics): from this
+            # rank's micro-batches alone
+            "buffers": (step.buffers, step.reference_buffers, step.golden_buffers),
+        }
+        # below float32, what the parameters' drift so far makes of this step's output and
+        # gradients (the twin at Thunder's weights against the twin at its own): allowed on top
+        allowed: dict[str, Tensors | None] = {"parameters": drift}
+        if low:
+            allowed["output"] = drift_effect(
+                named_output(step.twin_at_thunder_output), named_output(step.golden_output)
+            )
+            allowed["gradients"] = drift_effect(step.twin_at_thunder_grads, step.golden_grads)
+        # below float32, gradients may also stray as far as eager's own when each rank's is
+        # computed alone (rounded per rank, as a data-parallel rank rounds it before reducing)
+        local = Local.of(step.local_at_thunder, step.twin_at_thunder_grads, run.cell.world_size - 1, run.dtype)
+        for kind, (actual, expected, golden) in kinds.items():
+            if kind in failed:
+                continue
+            what = f"{kind} at step {k} ({step.optimizer})"
+            per_rank = local if kind == "gradients" else None
+            # a buffer the forward updates (running statistics, r' = (1 - m) r + m x) may be
+            # rounded three times at each of the k + 1 updates so far (the batch statistic x,
+            # the decayed r, their sum) by a decomposition, where eager's fused kernel rounds
+            # once: its floor is that many roundings of the twin's value
+            roundings = 3 * (k + 1) if kind == "buffers" else 1
+            if not compare(found, what, actual, expected, golden, run.dtype, allowed.get(kind), per_rank, roundings):
+                failed.add(kind)
+        if low and "update" not in failed and not judge_update(found, k, phase, before, run.dtype, moved):
+            failed.add("update")
+        if low and "gradient scale" not in failed and step.local_at_thunder is not None:
+            what = f"gradient scale at step {k} ({step.optimizer})"
+            if not judge_gradient_scale(
+                found, what, step.grads, step.local_at_thunder.mean, run.dtype, constants, shards
+            ):
+                failed.add("gradient scale")
+        before = step.after
+
+    fixture = MODELS.get(run.cell.model)
+    if fixture is not None and fixture.output_dropout is not None:
+        judge_dropout(found, [s.output for s in run.steps], fixture.output_dropout)
+    if run.scenario is not None:
+        judge_scenario(found, run.scenario, run.dtype, run.cell.world_size)
+
+    # Tied names must resolve to one parameter: one shard, one gradient, one update.
+    for group in tie_groups(run.reference):
+        with found.expect(f"tied parameters {group}"):
+            distinct = {id(run.thunder_module.get_parameter(n)) for n in group}
+            assert len(distinct) == 1, f"the Thunder module holds {len(distinct)} distinct tensors for one tied weight"
+    return found
