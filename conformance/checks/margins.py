@@ -1,6 +1,6 @@
 """Margins that memory bounds allow, shared by the areas that bound bytes."""
 
-# 0-d scalars a rank may hold beside its tensors (4 bytes seen on litgpt); on CUDA rounded up
+# 0-d scalars a rank may hold beside its tensors; on CUDA rounded up
 # to one allocator block (storages.allocated_bytes) where it is added to a reading
 SLACK_BYTES = 256
 # how far a measured peak may exceed the kit's estimate of it

@@ -26,8 +26,8 @@ from conformance.reports.outcomes import is_unsupported
 # Hypothesis profiles for generated cells; hypothesis's own --hypothesis-profile picks one.
 _QUIET = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile("dev", max_examples=10, deadline=None, suppress_health_check=_QUIET)
-# ci never shrinks: under a bug that fails every cell, shrinking reran a failing generated
-# model cell by cell (416 s against 114 s clean, measured); the failing example prints its
+# ci never shrinks: under a bug that fails every cell, shrinking reruns a failing generated
+# model cell by cell, which costs more than the clean run; the failing example prints its
 # one-line replay instead. dev and nightly shrink, bounded by hypothesis (5 minutes a test).
 _NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 settings.register_profile(

@@ -133,8 +133,7 @@ class Ledger:
             if settle:
                 # reference cycles the phase left behind are not alive, only uncollected (as
                 # on CUDA, ``_settle_cuda``): whether the young generations ran before this
-                # reading depended on what the process allocated earlier (0.2.6's ci: 640
-                # bytes more on one rank of one cell, not on its own)
+                # reading would otherwise depend on what the process allocated earlier
                 gc.collect(1)
                 _settle(tracker)
         reading.peak = tracker.peak
@@ -169,9 +168,8 @@ def gloo_workers_busy() -> bool:
 
     ``wait()`` returns once a collective is marked done, but the worker that ran it drops its
     reference to the collective's buffers only after that, before it sleeps on its queue
-    again; on a loaded host it can be preempted in between for longer than any fixed pause
-    (CI: a bfloat16 DDP cell once read 1024 bytes, one gradient's all-reduce buffer, over its
-    bound). Every collective a trace issued has been waited on when the kit settles, so a
+    again; on a loaded host it can be preempted in between for longer than any fixed pause,
+    and the buffer would be read as held. Every collective a trace issued has been waited on when the kit settles, so a
     worker that is not asleep is one still letting go. Linux only (``/proc``): elsewhere the
     timing alone decides.
     """

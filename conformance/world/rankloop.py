@@ -63,9 +63,9 @@ def _controller_alive(pid: int) -> bool:
 def _run(task: protocol.Task, rank: int) -> protocol.RankResult:
     start = time.perf_counter()
     # What the process holds as a task begins (torch, Thunder, what earlier tasks left in
-    # caches: some 400,000 objects) is frozen out of the collector: a task's own full
-    # collections (a cell takes several to find cycles that hold tensors) then walk only what
-    # the task made, instead of a third of a second each, and its census of live tensors
+    # caches: hundreds of thousands of objects) is frozen out of the collector: a task's own
+    # full collections (a cell takes several to find cycles that hold tensors) then walk only
+    # what the task made, instead of all of them each time, and its census of live tensors
     # sees only what the task allocated.
     gc.collect()
     gc.freeze()

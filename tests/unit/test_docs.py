@@ -1,0 +1,300 @@
+"""The docs cannot drift from the kit: README.md stays a front door (at most README_LIMIT
+bytes), every internal link in README.md and docs/ resolves (files and GitHub-style heading
+anchors), every repository path and dotted kit name a doc puts in backticks exists, and
+docs/findings.md is what tools/findings_doc.py makes of xfails.toml.
+
+Names are resolved without importing the kit (so without Thunder): a dotted name's module
+prefix by file, the rest by an ``ast`` scan of that module. The checkers are plain functions,
+each shown to fail on planted input below.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README_LIMIT = 15_000
+# where a backticked repository path may start (a bare file name is checked when it is one
+# of the top-level files below)
+TOP_DIRS = ("conformance", "fixtures", "transforms", "tests", "tools", "docs", ".github")
+TOP_FILES = ("README.md", "xfails.toml", "tox.ini", "pyproject.toml", "conftest.py")
+PACKAGES = ("conformance", "fixtures", "transforms", "tests")
+
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_LINK = re.compile(r"(?<!!)\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_CODE = re.compile(r"(`+)(.+?)\1")
+_PATH = re.compile(r"[\w.-]+(?:/[\w.-]+)*/?")
+_DOTTED = re.compile(r"(?:" + "|".join(PACKAGES) + r")(?:\.\w+)+(?::\w+(?:\.\w+)*)?")
+
+
+def docs() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def prose_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of ``text`` outside fenced code blocks."""
+    out, fenced = [], False
+    for n, line in enumerate(text.splitlines(), start=1):
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            out.append((n, line))
+    return out
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading's text: markup dropped, lower case, punctuation but
+    hyphens and underscores removed, spaces made hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    text = text.replace("`", "").replace("*", "").strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    """Every heading anchor of a Markdown text, duplicates numbered as GitHub numbers them."""
+    seen: dict[str, int] = {}
+    out = set()
+    for _, line in prose_lines(text):
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        base = slug(m.group(1))
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def _outside_code(line: str) -> str:
+    return _CODE.sub(lambda m: " " * len(m.group(0)), line)
+
+
+def broken_links(doc: Path, root: Path = ROOT) -> list[str]:
+    """Each relative link of ``doc`` whose file does not exist, or whose #anchor is no
+    heading of its target: ``file:line: target (why)``."""
+    text = doc.read_text()
+    out = []
+    for n, line in prose_lines(text):
+        for target in _LINK.findall(_outside_code(line)):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (doc.parent / path).resolve() if path else doc
+            where = f"{doc.relative_to(root)}:{n}: {target}"
+            if not dest.exists():
+                out.append(f"{where} (no such file)")
+            elif anchor and (dest.is_dir() or dest.suffix != ".md"):
+                out.append(f"{where} (an anchor into a file that is not Markdown)")
+            elif anchor and anchor not in anchors(dest.read_text()):
+                out.append(f"{where} (no heading with that anchor)")
+    return out
+
+
+def _names_of(node: ast.stmt) -> set[str]:
+    """The names a top-level statement binds: a function or class, assignment targets,
+    imports."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, ast.Assign):
+        return {t.id for t in node.targets if isinstance(t, ast.Name)}
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return {node.target.id}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {a.asname or a.name.split(".")[0] for a in node.names}
+    return set()
+
+
+def _defines(tree: ast.Module, names: list[str]) -> bool:
+    """Whether the module ``tree`` defines ``names[0]`` at its top level and, where that is a
+    class, ``names[1]`` in its body (and so on); past a name that is not a class (a value, an
+    instance's attribute) nothing is followed further."""
+    body: list[ast.stmt] = tree.body
+    for name in names:
+        found = [node for node in body if name in _names_of(node)]
+        if not found:
+            return False
+        if not isinstance(found[-1], ast.ClassDef):
+            return True
+        body = found[-1].body
+    return True
+
+
+def resolves(dotted: str, root: Path = ROOT) -> bool:
+    """Whether a kit name such as ``conformance.checks.memory.Terms`` or
+    ``conformance.rank.probe:probe_compositions`` exists: the longest prefix that is a module
+    or package by file, the rest defined there (or a submodule of a package)."""
+    module, _, attr = dotted.partition(":")
+    parts = module.split(".") + (attr.split(".") if attr else [])
+    for cut in range(len(parts), 0, -1):
+        base = root.joinpath(*parts[:cut])
+        rest = parts[cut:]
+        if base.with_suffix(".py").is_file():
+            source = base.with_suffix(".py")
+        elif base.is_dir():
+            source = base / "__init__.py"
+            if not rest:
+                return True
+            if not source.is_file():
+                return False
+        else:
+            continue
+        return not rest or _defines(ast.parse(source.read_text()), rest)
+    return False
+
+
+def _exists(root: Path, path: str) -> bool:
+    """Whether the repository path exists. A module named at package level (``a/b/``)
+    exists as the package or as the single module ``a/b.py``, so that a doc's name survives a
+    module being split into a package of the same name."""
+    if (root / path).exists():
+        return True
+    return path.endswith("/") and (root / (path.rstrip("/") + ".py")).is_file()
+
+
+def stale_names(doc: Path, root: Path = ROOT) -> list[str]:
+    """Each backticked repository path or dotted kit name in ``doc`` that does not exist:
+    ``file:line: name``. Spans with placeholders (``<area>``, ``*``, ``{}``) are patterns, not
+    names, and are left alone."""
+    out = []
+    for n, line in prose_lines(doc.read_text()):
+        for _, span in _CODE.findall(line):
+            span = span.strip()
+            if any(c in span for c in "<>*{} "):
+                continue
+            where = f"{doc.relative_to(root)}:{n}: {span}"
+            if _PATH.fullmatch(span) and (
+                span in TOP_FILES or ("/" in span and (span.split("/")[0] in TOP_DIRS or span.endswith(".py")))
+            ):
+                if not _exists(root, span):
+                    out.append(where)
+            elif _DOTTED.fullmatch(span.removesuffix("()")) and not resolves(span.removesuffix("()"), root):
+                out.append(where)
+    return out
+
+
+def _findings_doc():
+    spec = importlib.util.spec_from_file_location("findings_doc", ROOT / "tools" / "findings_doc.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def findings_stale(root: Path = ROOT) -> bool:
+    """Whether docs/findings.md differs from what tools/findings_doc.py makes of xfails.toml."""
+    page = root / "docs" / "findings.md"
+    expected = _findings_doc().render((root / "xfails.toml").read_text())
+    return not page.is_file() or page.read_text() != expected
+
+
+# the repository's docs
+
+
+def test_readme_is_a_front_door() -> None:
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= README_LIMIT, f"README.md is {size} bytes, more than {README_LIMIT}: move reference into docs/"
+
+
+@pytest.mark.parametrize("doc", docs(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_internal_links_resolve(doc: Path) -> None:
+    assert broken_links(doc) == []
+
+
+@pytest.mark.parametrize("doc", docs(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_named_paths_and_modules_exist(doc: Path) -> None:
+    assert stale_names(doc) == []
+
+
+def test_findings_page_is_generated_from_the_xfails_file() -> None:
+    assert not findings_stale(), "docs/findings.md is stale: run python tools/findings_doc.py --write"
+
+
+# the checkers on planted input
+
+
+@pytest.fixture
+def planted(tmp_path: Path) -> Path:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "conformance" / "checks").mkdir(parents=True)
+    (tmp_path / "conformance" / "__init__.py").write_text("")
+    (tmp_path / "conformance" / "checks" / "__init__.py").write_text("")
+    (tmp_path / "conformance" / "checks" / "memory.py").write_text(
+        "LIMIT = 1\n\nclass Terms:\n    def resident(self): ...\n\ndef check(run): ...\n"
+    )
+    (tmp_path / "docs" / "a.md").write_text("# A page\n\n## Held after setup\n\ntext\n\n## Held after setup\n")
+    return tmp_path
+
+
+def test_a_broken_link_is_caught(planted: Path) -> None:
+    doc = planted / "README.md"
+    doc.write_text(
+        "# Kit\n\n## The `ci` profile\n\n"
+        "[ok](docs/a.md) [ok](docs/a.md#held-after-setup) [ok](docs/a.md#held-after-setup-1) "
+        "[ok](#the-ci-profile) [web](https://example.com/x#y)\n"
+        "[gone](docs/b.md) [no anchor](docs/a.md#held-after-the-step) [self](#nowhere)\n"
+        "```\n[in a fence](docs/c.md)\n```\n`[in code](docs/d.md)`\n"
+    )
+    broken = broken_links(doc, planted)
+    assert [b.split(": ", 1)[1] for b in broken] == [
+        "docs/b.md (no such file)",
+        "docs/a.md#held-after-the-step (no heading with that anchor)",
+        "#nowhere (no heading with that anchor)",
+    ]
+
+
+def test_a_stale_name_is_caught(planted: Path) -> None:
+    doc = planted / "docs" / "a.md"
+    doc.write_text(
+        "`conformance/checks/memory.py` `conformance/checks/` `conformance.checks.memory.Terms` "
+        "`conformance.checks.memory.Terms.resident` `conformance.checks.memory:check` "
+        "`conformance.checks.memory.LIMIT` `conformance/test_<area>.py` `reports/summary.md` "
+        "`conformance/checks/memory/`\n"
+        "`conformance/checks/numerics.py` `conformance.checks.memory.Bound` `conformance.checks.draws` "
+        "`conformance/checks/numerics/` "
+        "`conformance.checks.memory.Terms.held` `conformance.rank.probe:probe_compositions()`\n"
+    )
+    assert [s.split(": ", 1)[1] for s in stale_names(doc, planted)] == [
+        "conformance/checks/numerics.py",
+        "conformance.checks.memory.Bound",
+        "conformance.checks.draws",
+        "conformance/checks/numerics/",
+        "conformance.checks.memory.Terms.held",
+        "conformance.rank.probe:probe_compositions()",
+    ]
+
+
+def test_a_stale_findings_page_is_caught(planted: Path) -> None:
+    xfails = (
+        '[[xfail]]\narea = "numerics"\nwhen = {}\nthunder = ["==0.2.6"]\n'
+        'failures = ["gradients at step {}: off"]\nreason = "Why. More."\nlink = "https://example.com"\n'
+    )
+    (planted / "xfails.toml").write_text(xfails)
+    assert findings_stale(planted)  # no page yet
+    page = _findings_doc().render(xfails)
+    (planted / "docs" / "findings.md").write_text(page)
+    assert not findings_stale(planted)
+    assert "lightning-thunder ==0.2.6" in page and "[1](#entry-1-numerics)" in page
+    (planted / "xfails.toml").write_text(xfails.replace("0.2.6", "0.2.7"))
+    assert findings_stale(planted)
+
+
+def test_an_oversized_readme_is_caught(planted: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (planted / "README.md").write_text("x" * (README_LIMIT + 1))
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", planted)
+    with pytest.raises(AssertionError, match="more than 15000"):
+        test_readme_is_a_front_door()
+
+
+def test_slugs_are_githubs() -> None:
+    assert slug("Memory: the bounds") == "memory-the-bounds"
+    assert slug("The `state_dict` area (exact)") == "the-state_dict-area-exact"
+    assert slug("Known non-conformances (`xfails.toml`)") == "known-non-conformances-xfailstoml"
+    assert slug("[Linked](x.md) heading") == "linked-heading"
