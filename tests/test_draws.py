@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from conformance.checks import draws
-from fixtures.models import MODELS, TinyLM
+from fixtures.models import MODELS
+from fixtures.toy_models import TinyLM
 
 
 def expect(build):
