@@ -25,6 +25,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from fixtures import patterns
+
 # Normal draws must lie within mean ± Z·std: a false alarm per value of 2Φ(-6.5) = 8.0e-11,
 # 7.1e-8 for the 888 normal values of the largest model (litgpt's wte), < 1e-6 per ci run.
 Z = 6.5
@@ -366,7 +368,7 @@ def shard_copies(value: torch.Tensor, world: int) -> tuple[str | None, int, int]
     if value.dim() == 0 or world < 2:
         return None, 0, 0
     rows = value.shape[0]
-    chunk = -(-rows // world)
+    chunk = patterns.chunk_rows(rows, world)
     shards = [value[r * chunk : min((r + 1) * chunk, rows)] for r in range(world)]
     equal, compared, skipped = [], 0, 0
     for r in range(world):

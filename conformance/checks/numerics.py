@@ -39,6 +39,7 @@ from conformance.checks.findings import Findings, strict_unless_finite
 from conformance.checks.record import CellRecord, ParametersAfter, RankGradients, ScenarioRecord, StepRecord
 from conformance.checks.storages import tie_groups
 from conformance.matrix.cells import Cell
+from fixtures import patterns
 from fixtures.compositions import COMPOSITIONS
 from fixtures.models import MODELS
 from fixtures.optimizers import OPTIMIZERS, Optimizer
@@ -227,7 +228,7 @@ def judge_gradient_scale(
     for r in range(world if world > 1 else 0):
         share = []
         for t, s in pairs.values():
-            c = -(-len(s) // world)  # the rows of a shard
+            c = patterns.chunk_rows(len(s), world)  # the rows of a shard
             rows = slice(r * c, (r + 1) * c)
             if s.shape[1] > 1 and len(s[rows]):  # matrices only, as above
                 share.append((t[rows], s[rows]))
