@@ -33,8 +33,8 @@ def probed_on_this_machine() -> dict[str, str]:
 
 def unsupported_values(report: dict[str, Any]) -> dict[str, str]:
     """Probed value -> reason, as the cells a run reported unsupported say (one value each)."""
+    from conformance.matrix.axes import PROBED_AXES
     from conformance.matrix.cells import axis_value
-    from conformance.matrix.profiles import PROBED_AXES
 
     probed = probed_on_this_machine()
     out = {}

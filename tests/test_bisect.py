@@ -15,7 +15,10 @@ from typing import Any
 
 import pytest
 
-from conformance import bisect
+from conformance.bisect.cli import BAD_INPUT, FOUND, Options, bisect, main
+from conformance.bisect.git import BadInput
+from conformance.bisect.step import StepConfig, WrongThunder, check_thunder_resolves, run_step, step_environment
+from conformance.bisect.verdict import BAD, GOOD, SKIP, Verdict, verdict
 from tests.suite_runs import ROOT
 
 CELL = "mlp-real-fsdp_jit-untied-none-zero2-none-float32-ws2"  # smoke profile: the cheapest cell
@@ -54,18 +57,18 @@ STALE = _item(
 @pytest.mark.parametrize(
     ("report", "code", "says"),
     [
-        (_report(_item("numerics", "passed"), _item("memory", "passed")), bisect.GOOD, "2 items conform"),
-        (_report(_item("numerics", "passed"), _item("collectives", "xfailed")), bisect.GOOD, "conform"),
-        (_report(_item("numerics", "passed"), STALE, exit_status=1), bisect.GOOD, "conform"),
-        (_report(_item("memory", "passed"), FAILED, exit_status=1), bisect.BAD, "1 of 2 items failed: numerics"),
-        (_report(FAILED, _item("memory", "error"), exit_status=1), bisect.BAD, "failed"),
-        (_report(_item("numerics", "passed"), _item("memory", "error"), exit_status=1), bisect.SKIP, "error"),
-        (_report(_item("numerics", "unsupported")), bisect.SKIP, "unsupported"),
-        (_report(exit_status=2), bisect.SKIP, "exit status 2"),
-        (_report(_item("numerics", "passed"), exit_status=2), bisect.SKIP, "interrupt"),
-        (_report(exit_status=5), bisect.SKIP, f"no item matched {CELL}"),
-        (_report(_item("numerics", "failed", cell=OTHER), exit_status=1), bisect.SKIP, "no item matched"),
-        (None, bisect.SKIP, "no report.json"),
+        (_report(_item("numerics", "passed"), _item("memory", "passed")), GOOD, "2 items conform"),
+        (_report(_item("numerics", "passed"), _item("collectives", "xfailed")), GOOD, "conform"),
+        (_report(_item("numerics", "passed"), STALE, exit_status=1), GOOD, "conform"),
+        (_report(_item("memory", "passed"), FAILED, exit_status=1), BAD, "1 of 2 items failed: numerics"),
+        (_report(FAILED, _item("memory", "error"), exit_status=1), BAD, "failed"),
+        (_report(_item("numerics", "passed"), _item("memory", "error"), exit_status=1), SKIP, "error"),
+        (_report(_item("numerics", "unsupported")), SKIP, "unsupported"),
+        (_report(exit_status=2), SKIP, "exit status 2"),
+        (_report(_item("numerics", "passed"), exit_status=2), SKIP, "interrupt"),
+        (_report(exit_status=5), SKIP, f"no item matched {CELL}"),
+        (_report(_item("numerics", "failed", cell=OTHER), exit_status=1), SKIP, "no item matched"),
+        (None, SKIP, "no report.json"),
     ],
     ids=[
         "passed",
@@ -83,18 +86,18 @@ STALE = _item(
     ],
 )
 def test_a_report_maps_to_a_step_exit_status(report: dict[str, Any] | None, code: int, says: str) -> None:
-    found = bisect.verdict(report, CELL)
+    found = verdict(report, CELL)
     assert found.code == code and says in found.reason, found
     assert found.nothing_selected == ("no item matched" in says)
-    if code == bisect.BAD:
+    if code == BAD:
         assert found.failed_ids == (FAILED["id"],) and "gradients at step 0" in found.failures[0]
 
 
 def test_an_item_whose_fixture_broke_is_still_the_cells() -> None:
     # an error before the cell ran leaves the record without "cell"/"area": the node id names both
     broken = {"id": f"conformance/test_memory.py::test_memory[{CELL}]", "outcome": "error"}
-    assert bisect.verdict(_report(broken, exit_status=1), CELL).code == bisect.SKIP
-    assert bisect.verdict(_report(broken, _item("numerics", "passed"), exit_status=1), CELL, "numerics").code == 0
+    assert verdict(_report(broken, exit_status=1), CELL).code == SKIP
+    assert verdict(_report(broken, _item("numerics", "passed"), exit_status=1), CELL, "numerics").code == 0
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -121,7 +124,7 @@ def toy_repo(tmp_path: Path) -> Path:
 
 
 def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    status = bisect.main(list(argv))
+    status = main(list(argv))
     return status, capsys.readouterr().err
 
 
@@ -145,24 +148,24 @@ def test_bad_input_is_one_line_and_exit_4(
     outside.mkdir()
     argv = [a.format(tmp=outside, repo=toy_repo) for a in args]
     status, err = _main(capsys, *argv)
-    assert status == bisect.BAD_INPUT and says in err and err.startswith("ERROR: ") and err.count("\n") == 1, err
+    assert status == BAD_INPUT and says in err and err.startswith("ERROR: ") and err.count("\n") == 1, err
 
 
 def test_a_checkout_mid_bisect_or_with_changes_is_refused(toy_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--thunder-repo", str(toy_repo), "--good", "HEAD~1", "--bad", "HEAD", CELL]
     (toy_repo / "thunder" / "__init__.py").write_text("# edited\n")
     status, err = _main(capsys, *argv)
-    assert status == bisect.BAD_INPUT and f"{toy_repo} has uncommitted changes" in err
+    assert status == BAD_INPUT and f"{toy_repo} has uncommitted changes" in err
     _git(toy_repo, "checkout", "-q", "--", ".")
     _git(toy_repo, "bisect", "start")
     status, err = _main(capsys, *argv)
-    assert status == bisect.BAD_INPUT and "in the middle of a git bisect already" in err
+    assert status == BAD_INPUT and "in the middle of a git bisect already" in err
     assert (toy_repo / ".git" / "BISECT_START").exists(), "the user's own bisect is left alone"
 
 
-def _options(repo: Path, state: Path) -> bisect.Options:
-    config = bisect.StepConfig(cell_id=CELL, profile="smoke", state_dir=str(state))
-    return bisect.Options(
+def _options(repo: Path, state: Path) -> Options:
+    config = StepConfig(cell_id=CELL, profile="smoke", state_dir=str(state))
+    return Options(
         repo=repo, good=_git(repo, "rev-parse", "HEAD~1"), bad=_git(repo, "rev-parse", "HEAD"), config=config
     )
 
@@ -171,30 +174,30 @@ def _options(repo: Path, state: Path) -> bisect.Options:
     ("at_good", "at_bad", "says"),
     [
         (
-            bisect.Verdict(bisect.SKIP, "no item matched", nothing_selected=True),
+            Verdict(SKIP, "no item matched", nothing_selected=True),
             None,
             f"{CELL} matches no item of the smoke profile at --good",
         ),
-        (bisect.Verdict(bisect.BAD, "1 of 5 items failed", 5), None, "does not conform at --good"),
-        (bisect.Verdict(bisect.GOOD, "5 items conform", 5), bisect.Verdict(bisect.GOOD, "ok", 5), "conforms at --bad"),
-        (bisect.Verdict(bisect.SKIP, "pytest exit status 2: a collection error", 0), None, "cannot tell whether"),
-        (bisect.Verdict(bisect.SKIP, "the kit cannot tell: items error", 5), None, "cannot tell whether"),
+        (Verdict(BAD, "1 of 5 items failed", 5), None, "does not conform at --good"),
+        (Verdict(GOOD, "5 items conform", 5), Verdict(GOOD, "ok", 5), "conforms at --bad"),
+        (Verdict(SKIP, "pytest exit status 2: a collection error", 0), None, "cannot tell whether"),
+        (Verdict(SKIP, "the kit cannot tell: items error", 5), None, "cannot tell whether"),
     ],
     ids=["matches-nothing", "good-fails", "bad-conforms", "collection-error", "cannot-tell"],
 )
 def test_the_premise_is_checked_before_bisecting(
-    toy_repo: Path, tmp_path: Path, at_good: bisect.Verdict, at_bad: bisect.Verdict | None, says: str
+    toy_repo: Path, tmp_path: Path, at_good: Verdict, at_bad: Verdict | None, says: str
 ) -> None:
     options = _options(toy_repo, tmp_path)
     seen: list[tuple[str, bool]] = []
 
-    def step(config: bisect.StepConfig, tree: Path, commit: str) -> bisect.Verdict:
+    def step(config: StepConfig, tree: Path, commit: str) -> Verdict:
         # each end is judged in an exported copy of its tree, never in the user's checkout
         seen.append((commit, tree != toy_repo and (tree / "thunder" / "__init__.py").is_file()))
         return at_good if commit == options.good else at_bad
 
-    with pytest.raises(bisect.BadInput) as raised:
-        bisect.bisect(options, step=step)
+    with pytest.raises(BadInput) as raised:
+        bisect(options, step=step)
     assert says in str(raised.value)
     assert all(exported for _, exported in seen) and seen[0][0] == options.good
     assert not (toy_repo / ".git" / "BISECT_START").exists()
@@ -202,41 +205,39 @@ def test_the_premise_is_checked_before_bisecting(
 
 def test_good_right_before_bad_needs_no_step(toy_repo: Path, tmp_path: Path) -> None:
     options = _options(toy_repo, tmp_path)
-    failing = bisect.Verdict(bisect.BAD, "1 of 5 failed", 5, failures=("it failed",), failed_ids=("x::y",))
+    failing = Verdict(BAD, "1 of 5 failed", 5, failures=("it failed",), failed_ids=("x::y",))
 
-    def step(config: bisect.StepConfig, tree: Path, commit: str) -> bisect.Verdict:
-        found = bisect.Verdict(bisect.GOOD, "conform", 5) if commit == options.good else failing
+    def step(config: StepConfig, tree: Path, commit: str) -> Verdict:
+        found = Verdict(GOOD, "conform", 5) if commit == options.good else failing
         (tmp_path / commit).mkdir()
         (tmp_path / commit / "verdict.json").write_text(json.dumps(dataclasses.asdict(found)))
         return found
 
-    result = bisect.bisect(options, step=step)
-    assert result.status == bisect.FOUND
+    result = bisect(options, step=step)
+    assert result.status == FOUND
     assert result.lines[0] == f"first bad commit: {options.bad} second"
     assert "it failed" in result.lines and result.lines[-1].startswith("repro: ")
     assert _git(toy_repo, "status", "--porcelain") == "" and not (toy_repo / ".git" / "BISECT_START").exists()
 
 
 def test_a_thunder_found_elsewhere_is_refused(toy_repo: Path, tmp_path: Path) -> None:
-    config = bisect.StepConfig(cell_id=CELL, profile="smoke", state_dir=str(tmp_path))
-    env = bisect.step_environment(config, toy_repo)
-    bisect.check_thunder_resolves(config, toy_repo, env)  # the checkout's root first: found there
+    config = StepConfig(cell_id=CELL, profile="smoke", state_dir=str(tmp_path))
+    env = step_environment(config, toy_repo)
+    check_thunder_resolves(config, toy_repo, env)  # the checkout's root first: found there
     env["PYTHONPATH"] = str(tmp_path)  # the checkout left off: the installed Thunder answers
-    with pytest.raises(bisect.WrongThunder, match=r"import thunder in a rank would load .*site-packages"):
-        bisect.check_thunder_resolves(config, toy_repo, env)
+    with pytest.raises(WrongThunder, match=r"import thunder in a rank would load .*site-packages"):
+        check_thunder_resolves(config, toy_repo, env)
 
 
 def test_an_end_without_a_thunder_package_is_bad_input(toy_repo: Path, tmp_path: Path) -> None:
     _git(toy_repo, "rm", "-q", "-r", "thunder")
     _commit(toy_repo, "thunder moved")
     options = _options(toy_repo, tmp_path)  # --bad is the commit without it
-    conforms = bisect.Verdict(bisect.GOOD, "5 items conform", 5)
-    with pytest.raises(bisect.BadInput, match=r"--bad \w{12} has no thunder/__init__.py at its root"):
-        bisect.bisect(
+    conforms = Verdict(GOOD, "5 items conform", 5)
+    with pytest.raises(BadInput, match=r"--bad \w{12} has no thunder/__init__.py at its root"):
+        bisect(
             options,
-            step=lambda config, tree, commit: (
-                bisect.run_step(config, tree, commit) if commit == options.bad else conforms
-            ),
+            step=lambda config, tree, commit: run_step(config, tree, commit) if commit == options.bad else conforms,
         )
 
 
@@ -288,7 +289,7 @@ def test_bisect_names_the_commit_that_planted_the_bug(tmp_path: Path) -> None:
     )
     output = proc.stdout + proc.stderr
     print(f"bisect took {time.monotonic() - started:.0f} s\n{output}")
-    assert proc.returncode == bisect.FOUND, output
+    assert proc.returncode == FOUND, output
     assert f"first bad commit: {commits['bug']} distributed: average gradients before the reduce-scatter" in output
     assert "does not conform (numerics)" in output and "gradients at step 0 (SGD)" in output
     repro = next(line for line in output.splitlines() if line.startswith("repro: "))

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import torch
 
-from conformance.checks import dataflow, memory
+from conformance.checks import dataflow, memory, memory_terms
 from conformance.checks.record import SimulatedRecord
 from conformance.checks.storages import allocated_bytes, allocations, piece_bytes, shard_bytes
 from conformance.matrix.cells import Cell
 from fixtures.inits import INITS
-from fixtures.models import MLP
+from fixtures.toy_models import MLP
 
 CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")
@@ -60,8 +60,8 @@ def _run(device: torch.device, init: str = "real", world: int = 2) -> Any:
 # MLP(12, 20, 7) over 2 ranks, dim 0 padded to even: fc1.weight 960 B, fc1.bias 80, fc2.weight
 # 560 (640 padded), fc2.bias 28 (32 padded); shards 480, 40, 320, 16.
 def test_terms_on_cuda_count_one_block_per_tensor() -> None:
-    model = memory.terms(_run(CUDA))
-    assert model == memory.Terms(
+    model = memory_terms.terms(_run(CUDA))
+    assert model == memory_terms.Terms(
         shards=4 * 512,  # four shards, each under one block
         buffers=0,
         unsharded=1024 + 512 + 1024 + 512,  # every all-gathered parameter
@@ -73,30 +73,30 @@ def test_terms_on_cuda_count_one_block_per_tensor() -> None:
 
 
 def test_terms_on_cpu_are_the_plain_bytes() -> None:
-    model = memory.terms(_run(CPU))
-    assert model == memory.Terms(
+    model = memory_terms.terms(_run(CPU))
+    assert model == memory_terms.Terms(
         shards=856, buffers=0, unsharded=1712, gradient_shards=856, adamw_state=1712, handed_over=0
     )
     assert model.resident == 856  # README: the mlp cell holds exactly its 856 bytes of shards
 
 
 def test_the_state_dict_handed_over_rounds_each_entry() -> None:
-    assert memory.terms(_run(CUDA, "meta_original_sd")).handed_over == 1024 + 512 + 1024 + 512
-    assert memory.terms(_run(CPU, "meta_original_sd")).handed_over == 960 + 80 + 560 + 28
-    assert memory.terms(_run(CUDA, "meta_transformed_sd")).handed_over == 4 * 512
-    assert memory.terms(_run(CPU, "meta_transformed_sd")).handed_over == 856
+    assert memory_terms.terms(_run(CUDA, "meta_original_sd")).handed_over == 1024 + 512 + 1024 + 512
+    assert memory_terms.terms(_run(CPU, "meta_original_sd")).handed_over == 960 + 80 + 560 + 28
+    assert memory_terms.terms(_run(CUDA, "meta_transformed_sd")).handed_over == 4 * 512
+    assert memory_terms.terms(_run(CPU, "meta_transformed_sd")).handed_over == 856
 
 
 def test_setup_estimate_and_bounds_round_each_tensor() -> None:
     # real init, parameter by parameter: the originals (3072 on CUDA), then fc2.weight's
     # padded copy (1024) and its shard (512) beside the two shards cut before it
-    assert memory.setup_estimate(_run(CUDA), 2048) == 3072 + 2 * 512 + 1024 + 512
-    assert memory.setup_estimate(_run(CPU), 856) == 1628 + 480 + 40 + 640 + 320
+    assert memory_terms.setup_estimate(_run(CUDA), 2048) == 3072 + 2 * 512 + 1024 + 512
+    assert memory_terms.setup_estimate(_run(CPU), 856) == 1628 + 480 + 40 + 640 + 320
     # meta init: one module's tensors at a time, the largest module's rounded one by one
-    assert memory.largest_module_bytes(MLP(), 2, CUDA) == 1024 + 512
-    assert memory.largest_module_bytes(MLP(), 2) == 960 + 80
-    assert memory.setup_estimate(_run(CUDA, "meta_module_init"), 2048) == 2048 + 2 * 1536
-    assert memory.setup_estimate(_run(CPU, "meta_module_init"), 856) == 856 + 2 * 1040
+    assert memory_terms.largest_module_bytes(MLP(), 2, CUDA) == 1024 + 512
+    assert memory_terms.largest_module_bytes(MLP(), 2) == 960 + 80
+    assert memory_terms.setup_estimate(_run(CUDA, "meta_module_init"), 2048) == 2048 + 2 * 1536
+    assert memory_terms.setup_estimate(_run(CPU, "meta_module_init"), 856) == 856 + 2 * 1040
     # the gloo allowance (the largest gathered bucket) rounds each of its tensors too
     gloo_on_cuda = _run(CUDA)
     gloo_on_cuda.backend = "gloo"

@@ -9,7 +9,7 @@ import types
 import torch
 from torch import nn
 
-from conformance.checks import memory
+from conformance.checks import memory, memory_terms
 from conformance.checks.collectives import DDP_DEFAULT_BUCKET_MB, ddp_bucket_mb, ddp_buckets, expected_counts
 from conformance.checks.traces import FinalTraces
 from conformance.matrix.cells import Cell
@@ -79,11 +79,11 @@ def test_memory_holds_the_bucket_buffers_only_where_the_backward_packs() -> None
     # layer buckets: [a, b, c] (720 B) and [d] (32 B), each one flat buffer held from the first
     # backward on; a backward that all-reduces each of the 4 gradients alone packs nothing, so
     # the held bound leaves nothing for buffers that do not exist (a leak would hide there)
-    assert memory.terms(_ddp_run("layer", all_reduces=2)).gradient_buckets == 720 + 32
-    assert memory.terms(_ddp_run("layer", all_reduces=4)).gradient_buckets == 0
-    assert memory.terms(_ddp_run("layer", all_reduces=None)).gradient_buckets == 720 + 32  # no trace: the bound
+    assert memory_terms.terms(_ddp_run("layer", all_reduces=2)).gradient_buckets == 720 + 32
+    assert memory_terms.terms(_ddp_run("layer", all_reduces=4)).gradient_buckets == 0
+    assert memory_terms.terms(_ddp_run("layer", all_reduces=None)).gradient_buckets == 720 + 32  # no trace: the bound
     # without buckets nothing is packed, whatever the trace
-    assert memory.terms(_ddp_run("none", all_reduces=4)).gradient_buckets == 0
+    assert memory_terms.terms(_ddp_run("none", all_reduces=4)).gradient_buckets == 0
 
 
 def test_the_measured_steps_phases_start_from_the_bucket_buffers_a_packing_backward_left() -> None:
@@ -96,7 +96,7 @@ def test_the_measured_steps_phases_start_from_the_bucket_buffers_a_packing_backw
     assert MEASURED_STEP > 0
     for all_reduces, kept in ((2, 720 + 32), (4, 0)):
         run = _ddp_run("layer", all_reduces)
-        model = memory.terms(run)
+        model = memory_terms.terms(run)
         gradients = sum(p.numel() * 4 for p in run.reference.parameters() if p.requires_grad)
         run.steps = [types.SimpleNamespace(optimizer="SGD")] * 3
         run.memory = types.SimpleNamespace(

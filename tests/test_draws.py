@@ -13,7 +13,8 @@ from torch import nn
 from conformance.checks import draws
 from conformance.checks.distributions import Dist, uniform
 from conformance.checks.initial_values import check_values, shard_copies
-from fixtures.models import MODELS, TinyLM
+from fixtures.models import MODELS
+from fixtures.toy_models import TinyLM
 
 
 def expect(build):

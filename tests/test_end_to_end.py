@@ -10,8 +10,10 @@ import sys
 import pytest
 
 from conformance.checks.registry import AREAS, applies
+from conformance.matrix.axes import axis_values
 from conformance.matrix.cells import AXES, QUIET_DEFAULTS
-from conformance.matrix.profiles import BOUNDARY_WORLD_SIZES, axis_values, cells, unmet_pairs
+from conformance.matrix.coverage import unmet_pairs
+from conformance.matrix.profiles import BOUNDARY_WORLD_SIZES, cells
 from conformance.matrix.simulated import sampled_ranks
 from fixtures.compositions import COMPOSITIONS
 from fixtures.offloads import POLICIES

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conformance.checks import traces
+from conformance.matrix.axes import cell_from_axes
 from conformance.matrix.cells import Cell
-from conformance.matrix.profiles import cell_from_axes
 from fixtures import executors
 from fixtures.executors import EXECUTORS
 

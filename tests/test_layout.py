@@ -29,6 +29,9 @@ ROLES = {
     "frontend": "conformance.frontend",
     "suite": "conformance.test_",  # the test modules of the suite
     "commands": "conformance.compare",  # `python -m` entry points over the reports
+    # `python -m conformance.bisect`: talks to the suite as a user does (pytest's command line,
+    # report.json), so it imports nothing else of the kit
+    "bisect": "conformance.bisect",
     "package": "conformance",
     "fixtures": "fixtures",
     "transforms": "transforms",
@@ -46,6 +49,7 @@ ALLOWED = {
     "frontend": {"frontend", "world", "checks", "matrix", "reports", "fixtures"},
     "suite": {"matrix", "fixtures"},
     "commands": {"reports"},
+    "bisect": {"bisect"},
     "package": set(),
 }
 

@@ -11,17 +11,10 @@ import sys
 
 import pytest
 
+from conformance.matrix.axes import axis_values, pairwise_values, replicated_values, valid
 from conformance.matrix.cells import AXES
-from conformance.matrix.profiles import (
-    BOUNDARY_WORLD_SIZES,
-    axis_values,
-    cells,
-    pairwise_values,
-    replicated_values,
-    unmet_combinations,
-    unmet_pairs,
-    valid,
-)
+from conformance.matrix.coverage import unmet_combinations, unmet_pairs
+from conformance.matrix.profiles import BOUNDARY_WORLD_SIZES, cells
 from conformance.world import protocol
 from conformance.world.controller import World
 from conformance.world.launch import LaunchSpec
@@ -199,7 +192,7 @@ def test_an_unsupported_offload_keeps_one_cell_per_policy_and_the_rest_run_witho
 
 
 def test_probed_value_names_never_collide_across_axes() -> None:
-    # the probe answers one flat mapping of value names (conformance/matrix/profiles.py)
+    # the probe answers one flat mapping of value names (conformance/matrix/axes.py)
     assert not set(COMPOSITIONS) & set(POLICIES)
     assert not (set(COMPOSITIONS) | set(POLICIES)) & set(EXECUTORS)
 

@@ -16,8 +16,9 @@ import torch
 
 from conformance.checks.storages import distinct_storages
 from conformance.matrix import simulated
+from conformance.matrix.axes import cell_from_axes
 from conformance.matrix.cells import Cell
-from conformance.matrix.profiles import cell_from_axes, cells
+from conformance.matrix.profiles import cells
 from fixtures import patterns
 from fixtures.models import fixture_for
 from fixtures.patterns import held_rows

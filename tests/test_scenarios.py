@@ -15,7 +15,7 @@ from conformance.checks.numerics.scenarios import judge_scenario
 from conformance.checks.record import Compared, Resumed, ScenarioRecord
 from conformance.checks.state_dict import judge_resumed
 from conformance.checks.traces import FinalTraces
-from fixtures.models import MLP, LoRA
+from fixtures.toy_models import MLP, LoRA
 
 WHAT = "gradients accumulated over 2 micro-steps"
 

@@ -7,6 +7,7 @@ import torch
 
 from conformance.checks.distributions import RANDOM_CHANCE, coincidence, judge, ks_two_sample, may_look_constant
 from conformance.checks.draws import Expectation
+from fixtures import patterns
 
 
 def check_values(value: torch.Tensor | None, exp: Expectation, dtype: torch.dtype) -> tuple[str | None, float | None]:
@@ -71,7 +72,7 @@ def shard_copies(value: torch.Tensor, world: int) -> tuple[str | None, int, int]
     if value.dim() == 0 or world < 2:
         return None, 0, 0
     rows = value.shape[0]
-    chunk = -(-rows // world)
+    chunk = patterns.chunk_rows(rows, world)
     shards = [value[r * chunk : min((r + 1) * chunk, rows)] for r in range(world)]
     equal, compared, skipped = [], 0, 0
     for r in range(world):

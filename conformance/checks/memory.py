@@ -7,17 +7,9 @@ work allocates from the end of setup on (the eager reference's work in between i
 counted), the peak of the measured step's forward and backward, every optimizer step's
 peak, and what is held after every backward and every step.
 
-Terms, per rank, from the eager model and the world size (dim 0 padded to a multiple of it):
-``shards`` (every distinct parameter storage / world size), ``buffers``, ``unsharded`` (what
-the forward's all-gathers produce), ``gradient shards`` (trainable shards), ``optimizer
-state`` (AdamW: exp_avg and exp_avg_sq, one of each per trainable
-shard; its step counters are 0-d: counted, not summed; SGD without momentum: none).
-
-On CUDA every term, exact or bounding, counts each tensor allocated apart as the caching
-allocator does: its bytes rounded up to a 512-byte block (``storages.allocated_bytes``).
-A shard, a gradient shard, an exp_avg, each is one allocation; AdamW's step counters live on
-the CPU (capturable and fused off) and add nothing there; a bound that adds up several
-tensors rounds each (an upper bound where Thunder packs several in one bucket).
+The terms of the bounds are the model's arithmetic per rank (``memory_terms.py``): the
+shards, buffers, unsharded parameters, gradient shards and optimizer state, on CUDA each
+tensor rounded up to the caching allocator's block.
 
 Exact (on CPU the tracker counts bytes exactly; on CUDA up to the allocator's blocks):
 - after setup a rank holds its shards and buffers, nothing more (0-d storages aside);
@@ -49,185 +41,20 @@ phase allocates (``dataflow.py``), reported beside the measurement.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
-
-import torch
-from torch import nn
 
 from conformance.checks.area import Area
-from conformance.checks.collectives import buckets, ddp_bucket_mb, ddp_buckets
+from conformance.checks.collectives import buckets
 from conformance.checks.dataflow import estimated_peak
 from conformance.checks.findings import Findings
 from conformance.checks.margins import ESTIMATE_FACTOR
+from conformance.checks.memory_terms import Terms, largest_module_bytes, replicated, setup_estimate, terms
 from conformance.checks.record import MEASURED_STEP, CellRecord, SimulatedRecord
-from conformance.checks.storages import (
-    allocated_bytes,
-    allocations,
-    distinct_storages,
-    padded_bytes,
-    piece_bytes,
-    shard_bytes,
-    tied_duplicates,
-)
-from conformance.checks.traces import collective_symbols
-from conformance.matrix.plan import plan
-from fixtures.compositions import COMPOSITIONS
+from conformance.checks.storages import allocations, distinct_storages, padded_bytes
 
 MATERIALIZATION_COPIES = 3
 # Thunder's forward on the torch executor runs decomposed, unfused: beside each intermediate
-# eager keeps, at most one more of the same size alive (measured on the ci profile: the
-# forward's peak over the unsharded parameters is 0.4 to 2.05 x eager's float32 peak)
+# eager keeps, at most one more of the same size is alive, so twice eager's forward peak
 ACTIVATION_FACTOR = 2
-
-
-def replicated(run: CellRecord | SimulatedRecord) -> bool:
-    """Whether every rank holds whole parameters (DDP) rather than shards."""
-    return COMPOSITIONS[run.cell.composition].replicated
-
-
-def held_world(run: CellRecord | SimulatedRecord) -> int:
-    """The number of pieces each parameter is cut in on a rank: the world size under FSDP, 1
-    (whole tensors, no padding) under DDP, where every term below holds with it."""
-    return 1 if replicated(run) else run.cell.world_size
-
-
-def largest_module_bytes(module: nn.Module, world_size: int, device: torch.device | str = "cpu") -> int:
-    """The most bytes of parameters and buffers that any one module owns directly (dim 0
-    padded to the world size, as sharding pads it; on CUDA each tensor rounded)."""
-    return max(
-        (
-            allocations(
-                (padded_bytes(t, world_size) for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))),
-                device,
-            )
-            for m in module.modules()
-        ),
-        default=0,
-    )
-
-
-def setup_estimate(run: CellRecord | SimulatedRecord, resident: int) -> int:
-    """The peak of setup by the model's arithmetic, for the cell's init mode.
-
-    Real init builds the whole model as eager PyTorch does (its peak measured when the kit
-    built the reference: construction is the user's code, not Thunder's), then shards one
-    parameter at a time: cut from a padded copy and cloned, the originals released at the
-    end. Meta init materializes one module's tensors at a time, pads a copy of each to cut
-    its shard from, and keeps only the shards (``resident`` in the end: shards and buffers);
-    from a transformed (already sharded) state dict only shards are made.
-    """
-    world, device = held_world(run), run.device
-    reference = run.reference
-    if run.init.on_meta:
-        if plan(run.cell).materialize == "transformed":
-            return resident
-        return resident + 2 * largest_module_bytes(reference, world, device)
-    # then parameter by parameter: a padded copy (where dim 0 needs padding) to cut the shard
-    # from, the shard cloned into the new parameter; the originals are released once all
-    # shards are cut (FSDP walks a list that holds them). Each one allocation (rounded on CUDA).
-    params = distinct_storages(reference).values()
-    live = sharding = allocations((p.nbytes for p in params), device) + allocations(
-        (b.nbytes for b in reference.buffers()), device
-    )
-    for p in params:
-        whole, padded = p.nbytes, padded_bytes(p, world)
-        piece = piece_bytes(padded, world, device)
-        copy = allocated_bytes(padded, device) if padded != whole else 0
-        sharding = max(sharding, live + copy + piece, live + 2 * piece)
-        live += piece
-    return max(run.memory.eager_peaks["setup"], sharding)
-
-
-@dataclasses.dataclass(frozen=True)
-class Terms:
-    """The model's arithmetic for one rank, in bytes as the rank's device reads them (on CUDA
-    each tensor its allocator block; see the module's docstring)."""
-
-    shards: int
-    buffers: int
-    unsharded: int
-    gradient_shards: int
-    adamw_state: int
-    handed_over: int  # the state dict the kit handed Thunder (0: none)
-    # DDP with buckets: one flat buffer per bucket, which packing keeps from the first
-    # backward on (0 without buckets, and under FSDP)
-    gradient_buckets: int = 0
-
-    @property
-    def resident(self) -> int:
-        return self.shards + self.buffers
-
-    def optimizer_state(self, optimizer: str) -> int:
-        return self.adamw_state if optimizer == "AdamW" else 0
-
-
-def terms(run: CellRecord | SimulatedRecord) -> Terms:
-    reference, world, device = run.reference, held_world(run), run.device
-    # one gradient shard per trainable storage (on CUDA a block each; views of one reduce-
-    # scattered bucket round up less, so this stays an upper bound)
-    gradient_shards = shard_bytes(reference, world, device, trainable_only=True)
-    return Terms(
-        shards=shard_bytes(reference, world, device),
-        buffers=allocations(_counted(reference.buffers()), device),
-        # what the forward's all-gathers produce: nothing where every rank holds whole parameters
-        unsharded=0
-        if replicated(run)
-        else allocations((padded_bytes(p, world) for p in distinct_storages(reference).values()), device),
-        gradient_shards=gradient_shards,
-        # exp_avg and exp_avg_sq: one allocation each per trainable shard. The 0-d step
-        # counters: torch.optim.AdamW keeps them on the CPU unless capturable or fused
-        # (_init_group in torch/optim/adam.py), which the kit's AdamW is not, so nothing on
-        # CUDA; on CPU they are 0-d, counted apart rather than summed
-        adamw_state=2 * gradient_shards,
-        handed_over=_handed_over_bytes(run),
-        gradient_buckets=_gradient_bucket_bytes(run),
-    )
-
-
-def _gradient_bucket_bytes(run: CellRecord | SimulatedRecord) -> int:
-    """DDP's gradient buckets: each one flat buffer of its gradients' bytes, where the
-    backward packs them. A backward that all-reduces every gradient alone where the model has
-    fewer buckets than gradients packs nothing (the pin: bucket_size_in_mb is not applied, a
-    finding of the collectives area that its xfails entry names) and so holds no buffer:
-    counting the buffers there would give the held bounds their bytes of slack, in which a
-    copy of the largest parameter or a leak per step hides."""
-    reference, bucketing = run.reference, run.cell.bucketing
-    if not replicated(run) or ddp_bucket_mb(reference, bucketing) <= 0:
-        return 0
-    packed = ddp_buckets(reference, bucketing)
-    gradients = len(distinct_storages(reference, trainable_only=True))
-    traces = getattr(run, "traces", None)
-    backward = traces.backward if traces is not None else None
-    packable = len(packed) != gradients
-    if backward is not None and packable and len(collective_symbols(backward)["all_reduce"]) == gradients:
-        return 0
-    sizes = {n: p.numel() * p.element_size() for n, p in reference.named_parameters()}
-    return allocations((sum(sizes[n] for n in bucket) for bucket in packed), run.device)
-
-
-def _handed_over_bytes(run: CellRecord | SimulatedRecord) -> int:
-    """Bytes of the state dict the kit handed over: the reference's own (each entry a copy),
-    or this rank's shards of it (tied duplicates left out) with the persistent buffers."""
-    kind, device = plan(run.cell).handed_over, run.device
-    state = run.reference.state_dict()
-    if kind == "original":
-        return allocations(_counted(state.values()), device)
-    if kind == "transformed":
-        duplicates = tied_duplicates(run.reference)
-        params = {n for n, _ in run.reference.named_parameters()}
-        world = run.cell.world_size
-        return sum(
-            piece_bytes(padded_bytes(t, world), world, device) if n in params else allocated_bytes(t.nbytes, device)
-            for n, t in state.items()
-            if n not in duplicates and t.dim()  # a 0-d entry is counted apart, as the census does
-        )
-    return 0
-
-
-def _counted(tensors: Iterable[torch.Tensor]) -> Iterator[int]:
-    """Bytes of each tensor the census sums: 0-d ones (a BatchNorm's batch count) are counted
-    apart, never summed (``rank/measure.census``)."""
-    return (t.nbytes for t in tensors if t.dim())
 
 
 def check(run: CellRecord) -> Findings:
@@ -286,8 +113,8 @@ def _setup_bound(run: CellRecord | SimulatedRecord, model: Terms, estimate: int)
 def _late_release(run: CellRecord) -> int:
     """What gloo may still hold when a phase is read: its worker thread lets go of a finished
     all-gather's buffers a moment after ``wait()`` returns, so the forward's peak can include
-    one gathered bucket more than the trace keeps (measured: an mlp cell's forward peak 2272 or
-    3232 B run to run, +960 B, the gathered fc1.weight). The largest bucket, on gloo only."""
+    one gathered bucket more than the trace keeps, varying run to run. The largest bucket, on
+    gloo only."""
     if run.backend != "gloo" or replicated(run):  # DDP gathers nothing
         return 0
     storages = distinct_storages(run.reference)

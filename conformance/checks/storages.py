@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from fixtures import patterns
+
 # The CUDA caching allocator rounds every request up to a multiple of 512 bytes (kMinBlockSize,
 # ``round_size`` in c10/cuda/CUDACachingAllocator.cpp) and its statistics, which the kit reads
 # (``memory_allocated``, ``max_memory_allocated``), add the size of the block handed out
@@ -69,7 +71,7 @@ def padded_shape_bytes(shape: tuple[int, ...] | list[int], element_size: int, wo
     """``padded_bytes`` of a tensor known by its shape and element size (a 0-d one is whole)."""
     if not shape:
         return element_size
-    return -(-shape[0] // world_size) * world_size * math.prod(shape[1:]) * element_size
+    return patterns.padded_rows(shape[0], world_size) * math.prod(shape[1:]) * element_size
 
 
 def shard_bytes(

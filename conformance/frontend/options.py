@@ -16,8 +16,8 @@ import os
 
 import pytest
 
+from conformance.matrix.axes import cell_from_axes
 from conformance.matrix.cells import Cell
-from conformance.matrix.profiles import cell_from_axes
 from conformance.world import launch
 
 

@@ -34,6 +34,7 @@ from conformance.rank.eager import (
 )
 from conformance.rank.gather import cpu_copies, snapshot
 from conformance.rank.measure import Ledger, measure
+from fixtures import patterns
 from fixtures.optimizers import OPTIMIZERS
 
 STEPS = 3  # per optimizer (fixtures/optimizers.py): SGD, then AdamW
@@ -260,7 +261,7 @@ def _shard_twins(module: nn.Module, world: int, device: torch.device) -> list[to
     beside the Thunder module's, so that what the optimizer itself allocates is measured."""
     twins = []
     for p in distinct_storages(module, trainable_only=True).values():
-        shape = (-(-p.shape[0] // world), *p.shape[1:]) if p.dim() else ()
+        shape = (patterns.chunk_rows(p.shape[0], world), *p.shape[1:]) if p.dim() else ()
         t = torch.zeros(shape, dtype=p.dtype, device=device, requires_grad=True)
         t.grad = torch.zeros_like(t)
         twins.append(t)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conformance.matrix.cells import Cell
-from conformance.matrix.profiles import coverage, unmet_pairs
+from conformance.matrix.coverage import coverage, unmet_pairs
 from conformance.reports import environment
 from conformance.reports.compare import compare, read_report
 from conformance.reports.compare_markdown import markdown

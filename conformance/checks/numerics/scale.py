@@ -10,6 +10,7 @@ import torch
 from conformance.checks.findings import Findings
 from conformance.checks.numerics.tolerances import Tensors
 from conformance.matrix.cells import Cell
+from fixtures import patterns
 from fixtures.models import MODELS
 
 # how many standard deviations of the roundings' own scatter a gradient's scale may stray
@@ -74,7 +75,7 @@ def judge_gradient_scale(
     for r in range(world if world > 1 else 0):
         share = []
         for t, s in pairs.values():
-            c = -(-len(s) // world)  # the rows of a shard
+            c = patterns.chunk_rows(len(s), world)  # the rows of a shard
             rows = slice(r * c, (r + 1) * c)
             if s.shape[1] > 1 and len(s[rows]):  # matrices only, as above
                 share.append((t[rows], s[rows]))

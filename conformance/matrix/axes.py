@@ -1,0 +1,166 @@
+"""The axes' values and which combinations of them can exist: every axis's values (the
+probed ones the Thunder under test lacks left out), the values a profile's covering array is
+built over, and the cell a replay's JSON names, validated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Collection
+from typing import Any
+
+from conformance.matrix import simulated
+from conformance.matrix.cells import Cell
+from fixtures.compositions import COMPOSITIONS
+from fixtures.executors import EXECUTORS
+from fixtures.inits import INITS
+from fixtures.models import MODELS, fixture_for
+from fixtures.offloads import POLICIES
+from fixtures.options import BUCKETINGS, DTYPES, SCENARIOS, SHARDINGS, TIES
+
+
+def valid(row: dict[str, Any]) -> bool:
+    """Combinations that cannot exist: a tie the model does not offer, an init mode the
+    composition cannot express."""
+    if "model" in row and "tie" in row and row["tie"] not in MODELS[row["model"]].ties:
+        return False
+    if "composition" in row and "init" in row:
+        inits = COMPOSITIONS[row["composition"]].inits
+        if inits is not None and row["init"] not in inits:
+            return False
+    # a model whose eager twin replays Thunder's dropout masks does so in training only
+    if "model" in row and MODELS[row["model"]].output_dropout is not None and row.get("scenario", "train") != "train":
+        return False
+    # FSDP's sharding does not apply to DDP: its cells carry the default (bucketing names a
+    # bucket size there: collectives.ddp_bucket_mb)
+    replicated = "composition" in row and COMPOSITIONS[row["composition"]].replicated
+    return not (replicated and row.get("sharding", "zero2") != "zero2")
+
+
+# The axes whose values the worlds probe (the Thunder under test may lack what a value needs).
+# ``unsupported`` maps a value of one of them to why: their names never collide (a kit test
+# holds them apart), so one flat mapping names them all.
+PROBED_AXES = ("composition", "offload", "executors")
+
+
+def axis_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
+    """Every axis's values; probed values named in ``unsupported`` left out."""
+    return {
+        "model": list(MODELS),
+        "init": list(INITS),
+        "composition": [c for c in COMPOSITIONS if c not in unsupported],
+        "tie": list(TIES),
+        "offload": [p for p in POLICIES if p not in unsupported],
+        "sharding": list(SHARDINGS),
+        "bucketing": list(BUCKETINGS),
+        "dtype": list(DTYPES),
+        "executors": [e for e in EXECUTORS if e not in unsupported],
+        "scenario": list(SCENARIOS),
+        "world_size": [world_size],
+    }
+
+
+def pairwise_values(profile: str, world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
+    """The values a profile's covering array is built over (and its coverage promise made
+    for). ci's one array takes every axis's (``arrays.grown``). Beyond ci, FSDP's compositions only
+    (DDP's get arrays of their own, ``replicated_values``: FSDP's sharding and bucketing do
+    not apply to them, and a constraint pinning those bloats covertable's array) and not the
+    models that train only (``trains_only``: a constraint over the scenario axis made
+    covertable's strength-3 array take minutes)."""
+    values = axis_values(world_size, unsupported)
+    if profile != "ci":
+        values["composition"] = [c for c in values["composition"] if not COMPOSITIONS[c].replicated]
+        values["model"] = [m for m in values["model"] if m not in TRAINS_ONLY]
+    return values
+
+
+# models whose eager twin replays Thunder's dropout masks (conformance/rank/dropout.py), which
+# only training does: they run no scenario beyond it. A constraint over the scenario axis made
+# covertable's strength-3 array take minutes, so they get arrays of their own instead
+TRAINS_ONLY = tuple(m for m, fixture in MODELS.items() if fixture.output_dropout is not None)
+
+
+def trains_only(values: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """An array's values (FSDP's or DDP's) for the models that train only: those models, the
+    scenario ``train``; nothing where there are no such models."""
+    if not TRAINS_ONLY:
+        return {}
+    # only the ties those models offer: a value no row may take would leave its pairs to chase
+    ties = [t for t in values["tie"] if any(t in MODELS[m].ties for m in TRAINS_ONLY)]
+    return {**values, "model": list(TRAINS_ONLY), "tie": ties, "scenario": ["train"]}
+
+
+def replicated_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
+    """The values that apply to DDP's compositions (those the Thunder under test offers):
+    every axis's but FSDP's sharding, which its cells carry at its default, and the inits DDP
+    can express (the models that train only aside). Empty compositions where it offers none."""
+    values = axis_values(world_size, unsupported)
+    values["composition"] = [c for c in values["composition"] if COMPOSITIONS[c].replicated]
+    values["model"] = [m for m in values["model"] if m not in TRAINS_ONLY]
+    values["sharding"] = ["zero2"]
+    values["init"] = [
+        i
+        for i in values["init"]
+        if any(valid({"composition": c, "init": i}) for c in COMPOSITIONS if COMPOSITIONS[c].replicated)
+    ]
+    return values
+
+
+# the model of a generated cell (conformance/test_generated.py): built from the cell's spec
+GENERATED = "generated"
+
+
+def cell_from_axes(axes: object) -> Cell:
+    """The cell that ``axes`` (a replay's JSON, as ``Cell.axes()`` prints it) names, or a
+    ValueError of one line saying what is wrong with it: an axis a Cell does not have, a value
+    no registry offers, a combination that cannot exist."""
+    if not isinstance(axes, dict):
+        raise ValueError(f"expected a JSON object of a cell's axes, got {type(axes).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(Cell)}
+    if unknown := [a for a in axes if a not in fields]:
+        raise ValueError(f"unknown axis {', '.join(map(repr, unknown))} (a cell has {', '.join(fields)})")
+    required = [n for n, f in fields.items() if f.default is dataclasses.MISSING]
+    if missing := [a for a in required if a not in axes]:
+        raise ValueError(f"missing axis {', '.join(map(repr, missing))}")
+    world_size = axes.get("world_size", 2)
+    # bool is an int to Python, never a world size
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number of ranks >= 1, got {world_size!r}")
+    if not isinstance(axes.get("simulated", False), bool):
+        raise ValueError(f"simulated must be true or false, got {axes['simulated']!r}")
+    if axes.get("simulated"):
+        cell = Cell(**axes)
+        allowed = {**simulated.axis_values(), "world_size": [world_size]}
+        for axis, values in allowed.items():
+            if axis in axes and axes[axis] not in values:
+                raise ValueError(f"{axis} {axes[axis]!r} is not one of {', '.join(map(str, values))}")
+        if (why := simulated.why_not(cell)) or not simulated.valid(dataclasses.asdict(cell)):
+            raise ValueError(f"cell {cell.id} cannot be simulated: {why or 'a tie the model does not offer'}")
+        return cell
+    allowed = axis_values(world_size)
+    allowed["model"] = [*allowed["model"], GENERATED]
+    for axis, values in allowed.items():
+        if axis in axes and axes[axis] not in values:
+            raise ValueError(f"{axis} {axes[axis]!r} is not one of {', '.join(map(str, values))}")
+    spec = axes.get("spec")
+    if (spec is not None) != (axes["model"] == GENERATED):
+        raise ValueError(f"a spec (a generated model's structure) goes with model {GENERATED!r} and only with it")
+    cell = Cell(**axes)
+    if spec is not None:
+        try:
+            structure = json.loads(spec) if isinstance(spec, str) else None
+        except ValueError:
+            structure = None
+        if not isinstance(structure, dict) or set(structure) != {"widths", "bias", "ties"}:
+            raise ValueError("spec must be a JSON string of an object with widths, bias and ties")
+        ties = fixture_for(cell.model, spec).ties
+        if cell.tie not in ties:
+            raise ValueError(f"tie {cell.tie!r} does not fit the spec's ties {structure['ties']!r}")
+    # a generated model offers the tie its spec implies (checked above), not a registered one's
+    row = {"composition": cell.composition, "init": cell.init} if spec is not None else dataclasses.asdict(cell)
+    if not valid(row):
+        raise ValueError(
+            f"cell {cell.id} cannot exist (a tie the model does not offer, or an init its composition cannot express)"
+        )
+    return cell
