@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from conformance import bisect
-from tests.suite_runs import ROOT
+from tests.support.suite_runs import ROOT
 
 CELL = "mlp-real-fsdp_jit-untied-none-zero2-none-float32-ws2"  # smoke profile: the cheapest cell
 OTHER = "tied_lm-meta_module_init-jit_fsdp-tied-all-zero2-none-float32-ws2"

@@ -12,8 +12,8 @@ import pytest
 from conformance.checks.collectives import expected_counts
 from conformance.matrix.profiles import cells
 from fixtures.models import MODELS
-from tests.plant_plugin import ENV
-from tests.suite_runs import run_suite
+from tests.support.plant_plugin import ENV
+from tests.support.suite_runs import run_suite
 
 pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 
@@ -69,7 +69,7 @@ def test_entry_excuses_exactly_what_it_pins(tmp_path, failures, outcome: str) ->
     xfails = _xfails(tmp_path, '{ model = ["tied_lm"], tie = ["tied"] }', failures(n))
     run = run_suite(
         tmp_path,
-        *("--profile", "smoke", "-p", "tests.plant_plugin", "--xfails", str(xfails)),
+        *("--profile", "smoke", "-p", "tests.support.plant_plugin", "--xfails", str(xfails)),
         *("-k", "test_collectives and tied_lm"),
         env={ENV: "duplicate_tied_all_gather"},
     )

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @functools.cache
@@ -79,7 +79,7 @@ def run_suite(
             "-m",
             "pytest",
             *paths,
-            *(["-p", "tests.plant_plugin"] if plant else []),
+            *(["-p", "tests.support.plant_plugin"] if plant else []),
             "-p",
             "no:cacheprovider",
             "-q",

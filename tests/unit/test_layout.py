@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conformance.checks.registry import AREAS
-from tests.suite_runs import ROOT
+from tests.support.suite_runs import ROOT
 
 PACKAGES = ("conformance", "fixtures", "transforms")
 

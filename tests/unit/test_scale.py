@@ -21,8 +21,8 @@ from conformance.matrix.profiles import cell_from_axes, cells
 from fixtures import patterns
 from fixtures.models import fixture_for
 from fixtures.patterns import held_rows
-from tests.plant_plugin import ENV
-from tests.suite_runs import run_suite
+from tests.support.plant_plugin import ENV
+from tests.support.suite_runs import run_suite
 
 SIM = Cell("pythia_160m", "meta_module_init", "jit_fsdp", tie="tied", world_size=1024, simulated=True)
 

@@ -1,4 +1,4 @@
-"""pytest plugin for the kit's own tests: ``-p tests.plant_plugin`` with CONFORMANCE_PLANTED_BUG
+"""pytest plugin for the kit's own tests: ``-p tests.support.plant_plugin`` with CONFORMANCE_PLANTED_BUG
 set runs the real suite with that bug (from tests/planted_bugs.py) planted in every rank; with
 CONFORMANCE_KIT_FAULT set, with that fault of the kit itself (tests/kit_faults.py)."""
 
@@ -20,10 +20,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if KIT_FAULT_ENV in os.environ:
         fault = os.environ[KIT_FAULT_ENV]
         config.stash[RUNNER].cell_task = lambda cell: protocol.Task(
-            "tests.kit_faults:run_cell_with_fault", {"fault": fault, "axes": cell.axes()}
+            "tests.support.kit_faults:run_cell_with_fault", {"fault": fault, "axes": cell.axes()}
         )
         return
     bug = os.environ[ENV]
     config.stash[RUNNER].cell_task = lambda cell: protocol.Task(
-        "tests.planted_bugs:run_cell_with_bug", {"bug": bug, "axes": cell.axes()}
+        "tests.planted.bugs:run_cell_with_bug", {"bug": bug, "axes": cell.axes()}
     )

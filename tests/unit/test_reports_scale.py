@@ -21,7 +21,7 @@ from conformance.reports.summary import summary
 from conformance.reports.world_sizes import arithmetic
 from conformance.reports.writer import Reporter
 from fixtures.models import fixture_for
-from tests.suite_runs import ROOT
+from tests.support.suite_runs import ROOT
 
 SMALL = Cell("pythia_160m", "meta_module_init", "jit_fsdp", tie="tied", sharding="zero3", world_size=8, simulated=True)
 LARGE = Cell("llama2_7b_width", "meta_module_init", "fsdp_jit", world_size=1000, simulated=True)

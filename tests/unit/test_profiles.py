@@ -31,7 +31,7 @@ from fixtures.inits import INITS
 from fixtures.models import MODELS
 from fixtures.offloads import POLICIES
 from fixtures.options import BUCKETINGS, SCENARIOS
-from tests.suite_runs import ROOT
+from tests.support.suite_runs import ROOT
 
 # what the worlds' probe finds on the kit's pin on CPU (test_the_pins_probe below holds it to that)
 PIN_UNSUPPORTED = {

@@ -1,4 +1,4 @@
-"""pytest plugin for the kit's own tests: ``-p tests.fake_gpus`` with CONFORMANCE_FAKE_GPUS=N
+"""pytest plugin for the kit's own tests: ``-p tests.support.fake_gpus`` with CONFORMANCE_FAKE_GPUS=N
 makes the pytest process see N visible GPUs, so that the checks of ``--backend nccl``,
 ``--nproc gpus`` and ``--min-gpus`` against the visible devices run on a machine without any;
 with CONFORMANCE_FAKE_CUDA_ERROR=MESSAGE besides, ``torch.cuda.init()`` raises that message as

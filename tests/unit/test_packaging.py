@@ -12,7 +12,7 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-from tests.suite_runs import ROOT
+from tests.support.suite_runs import ROOT
 
 
 def _pyproject_pins() -> dict[str, str]:

@@ -24,7 +24,7 @@ from conformance.reports import environment
 from conformance.reports.session import SessionInfo
 from conformance.reports.writer import Reporter
 from conformance.world import launch
-from tests.fake_gpus import TOO_OLD, FakeCuda
+from tests.support.fake_gpus import TOO_OLD, FakeCuda
 
 UUIDS = "GPU-1b2c3d4e-aaaa-bbbb-cccc-000000000001,GPU-1b2c3d4e-aaaa-bbbb-cccc-000000000002,MIG-5f6e,GPU-77"
 

@@ -15,7 +15,7 @@ from conformance.matrix.profiles import BOUNDARY_WORLD_SIZES, axis_values, cells
 from conformance.matrix.simulated import sampled_ranks
 from fixtures.compositions import COMPOSITIONS
 from fixtures.offloads import POLICIES
-from tests.suite_runs import ROOT, SuiteRun, run_suite, unsupported_values
+from tests.support.suite_runs import ROOT, SuiteRun, run_suite, unsupported_values
 
 pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 

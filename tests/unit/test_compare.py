@@ -20,7 +20,7 @@ from conformance.reports import history
 from conformance.reports.compare import compare
 from conformance.reports.session import SessionInfo
 from conformance.reports.writer import Reporter
-from tests.suite_runs import ROOT
+from tests.support.suite_runs import ROOT
 
 TIED_CELL = Cell("tied_lm", "real", "fsdp_jit", tie="tied")
 MLP_CELL = Cell(

@@ -17,8 +17,8 @@ import pytest
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import expects_reset_error
 from fixtures.inits import INITS
-from tests.plant_plugin import ENV
-from tests.suite_runs import probed_on_this_machine, run_suite
+from tests.support.plant_plugin import ENV
+from tests.support.suite_runs import probed_on_this_machine, run_suite
 
 pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from conformance.matrix.profiles import PROFILES
-from tests.suite_runs import ROOT
+from tests.support.suite_runs import ROOT
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 NIGHTLY, PR = WORKFLOWS / "nightly.yml", WORKFLOWS / "pr.yml"

@@ -22,8 +22,8 @@ import pytest
 
 from conformance.frontend import options
 from conformance.matrix.cells import Cell
-from tests.fake_gpus import TOO_OLD
-from tests.suite_runs import ROOT, run_refused
+from tests.support.fake_gpus import TOO_OLD
+from tests.support.suite_runs import ROOT, run_refused
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
@@ -53,28 +53,28 @@ BAD = {
     ),
     "nccl-no-gpu": (["--backend", "nccl"], NO_GPU, r"--backend nccl: no GPU is visible \(CUDA_VISIBLE_DEVICES=''\)"),
     "nccl-fewer-gpus-than-ranks": (
-        ["-p", "tests.fake_gpus", "--backend", "nccl"],
+        ["-p", "tests.support.fake_gpus", "--backend", "nccl"],
         {"CONFORMANCE_FAKE_GPUS": "1"},
         r"--backend nccl: --nproc 2 needs 2 GPUs \(one per rank\), 1 visible",
     ),
     "nccl-nproc-beyond-gpus": (
-        ["-p", "tests.fake_gpus", "--backend", "nccl", "--nproc", "4"],
+        ["-p", "tests.support.fake_gpus", "--backend", "nccl", "--nproc", "4"],
         {"CONFORMANCE_FAKE_GPUS": "2"},
         r"--backend nccl: --nproc 4 needs 4 GPUs \(one per rank\), 2 visible",
     ),
     "nccl-driver-too-old": (
-        ["-p", "tests.fake_gpus", "--backend", "nccl"],
+        ["-p", "tests.support.fake_gpus", "--backend", "nccl"],
         {"CONFORMANCE_FAKE_GPUS": "2", "CONFORMANCE_FAKE_CUDA_ERROR": TOO_OLD},
         r"--backend nccl: no GPU is usable.*: 2 visible, but torch.cuda.init\(\) raised RuntimeError: "
         + re.escape(TOO_OLD),
     ),
     "nproc-gpus-more-xdist-workers-than-gpus": (
-        ["-p", "tests.fake_gpus", "-n", "3", "--nproc", "gpus"],
+        ["-p", "tests.support.fake_gpus", "-n", "3", "--nproc", "gpus"],
         {"CONFORMANCE_FAKE_GPUS": "2"},
         r"--nproc gpus: 2 GPUs visible.* for 3 xdist workers, whose worlds need at least one each",
     ),
     "min-gpus-beyond-the-workers-share": (
-        ["-p", "tests.fake_gpus", "-n", "2", "--min-gpus", "2"],
+        ["-p", "tests.support.fake_gpus", "-n", "2", "--min-gpus", "2"],
         {"CONFORMANCE_FAKE_GPUS": "3"},
         r"--min-gpus 2: 3 GPUs visible.*, 1 for each of 2 xdist workers, fewer than 2",
     ),
@@ -97,7 +97,7 @@ def test_tox_multigpu_refuses_fewer_than_two_gpus_unless_asked(tmp_path: Path) -
     command = shlex.split(tox["testenv:multigpu"]["commands"])
     ours = command[command.index("conformance") + 1 : command.index("--report-dir")]
     assert ours == ["--backend", "nccl", "--nproc", "gpus", "--min-gpus", "2"]
-    line = run_refused(tmp_path, "-p", "tests.fake_gpus", *ours, env={"CONFORMANCE_FAKE_GPUS": "1"})
+    line = run_refused(tmp_path, "-p", "tests.support.fake_gpus", *ours, env={"CONFORMANCE_FAKE_GPUS": "1"})
     assert re.fullmatch(
         r"ERROR: --min-gpus 2: 1 GPU visible.*, fewer than 2 \(a world of one rank shards nothing\); to run on 1 "
         r"anyway: --min-gpus 1 \(tox -e multigpu -- --min-gpus 1\)",

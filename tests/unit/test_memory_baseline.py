@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conformance.frontend import baseline
-from tests.suite_runs import run_refused, run_suite
+from tests.support.suite_runs import run_refused, run_suite
 
 PEAKS = {"setup": 49636, "forward": 2272, "backward": 92628, "step": 11400}
 

@@ -15,7 +15,7 @@ from conformance.checks import collectives
 from conformance.frontend import xfails
 from conformance.frontend.runner import DEFAULT_XFAILS
 from conformance.matrix.cells import Cell
-from tests.suite_runs import ROOT, run_refused
+from tests.support.suite_runs import ROOT, run_refused
 
 PIN = re.search(r"lightning-thunder==([^}\s]+)", (ROOT / "tox.ini").read_text()).group(1)
 

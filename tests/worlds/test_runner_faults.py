@@ -26,7 +26,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 
 def run(world: World, fn: str, **kwargs: object) -> protocol.Task:
-    return world.run(protocol.Task(f"tests.faulty_programs:{fn}", kwargs), timeout=TIMEOUT)
+    return world.run(protocol.Task(f"tests.support.faulty_programs:{fn}", kwargs), timeout=TIMEOUT)
 
 
 def test_healthy_tasks_reuse_one_world(world: World) -> None:
@@ -95,7 +95,7 @@ def test_segfault_leaves_the_python_stack_in_the_rank_log(world: World) -> None:
 def test_world_that_cannot_start_fails_the_cell_not_the_session(tmp_path) -> None:
     broken = World(LaunchSpec(nproc=2, backend="no-such-backend"), base_dir=tmp_path, start_timeout=60)
     try:
-        outcome = broken.run(protocol.Task("tests.faulty_programs:healthy"), timeout=TIMEOUT)
+        outcome = broken.run(protocol.Task("tests.support.faulty_programs:healthy"), timeout=TIMEOUT)
     finally:
         broken.close()
     assert not outcome.ok

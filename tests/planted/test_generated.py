@@ -8,8 +8,8 @@ import shlex
 
 import pytest
 
-from tests.plant_plugin import ENV
-from tests.suite_runs import run_suite
+from tests.support.plant_plugin import ENV
+from tests.support.suite_runs import run_suite
 
 pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 

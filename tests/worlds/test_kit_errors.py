@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.plant_plugin import KIT_FAULT_ENV
-from tests.suite_runs import SuiteRun, run_suite
+from tests.support.plant_plugin import KIT_FAULT_ENV
+from tests.support.suite_runs import SuiteRun, run_suite
 
 pytestmark = pytest.mark.slow  # runs the suite in a subprocess
 
@@ -48,7 +48,7 @@ def test_a_kit_assumption_about_thunders_api_errs_naming_its_frame(tmp_path) -> 
     for record in run.report["cells"]:
         assert "the kit broke, not Thunder" in record["message"]
         # the kit's innermost frame on the traceback: where the assumption was made
-        assert "at tests/kit_faults.py" not in record["message"]
+        assert "at tests/support/kit_faults.py" not in record["message"]
         assert "the cell raised at " in record["message"]
         assert "TraceTag' has no attribute 'A_TAG_NO_THUNDER_HAS'" in record["message"]
 
