@@ -18,7 +18,7 @@ bisect under way in the checkout, a cell id that matches nothing, the cell not c
 --good or conforming at --bad).
 
 The module imports nothing else of the kit: it talks to the suite as a user does, through
-pytest's command line and report.json (and tests/test_layout.py gives modules at the top of
+pytest's command line and report.json (and tests/unit/test_layout.py gives modules at the top of
 the package no imports).
 """
 

@@ -1,8 +1,8 @@
 """Faults planted in the kit itself (not in Thunder), to show that the kit's own failures are
 reported as pytest errors naming the frame that raised, and Thunder's failures never are.
 
-Each is a context manager entered in every rank for one cell, like tests/planted_bugs.py;
-``run_cell_with_fault`` is the rank-side entry point (tests/plant_plugin.py names it).
+Each is a context manager entered in every rank for one cell, like a planted bug's patch (tests/planted/);
+``run_cell_with_fault`` is the rank-side entry point (tests/support/plant_plugin.py names it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """pytest plugin for the kit's own tests: ``-p tests.support.plant_plugin`` with CONFORMANCE_PLANTED_BUG
-set runs the real suite with that bug (from tests/planted_bugs.py) planted in every rank; with
-CONFORMANCE_KIT_FAULT set, with that fault of the kit itself (tests/kit_faults.py)."""
+set runs the real suite with that bug (a record of tests/planted/) planted in every rank; with
+CONFORMANCE_KIT_FAULT set, with that fault of the kit itself (tests/support/kit_faults.py)."""
 
 from __future__ import annotations
 
@@ -25,5 +25,5 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     bug = os.environ[ENV]
     config.stash[RUNNER].cell_task = lambda cell: protocol.Task(
-        "tests.planted.bugs:run_cell_with_bug", {"bug": bug, "axes": cell.axes()}
+        "tests.planted.registry:run_cell_with_bug", {"bug": bug, "axes": cell.axes()}
     )

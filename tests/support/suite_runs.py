@@ -70,7 +70,7 @@ def run_suite(
     plant: bool = False,
     timeout: float = 600,
 ) -> SuiteRun:
-    """Run the suite in a subprocess; ``plant`` loads tests/plant_plugin.py (with ENV naming the bug)."""
+    """Run the suite in a subprocess; ``plant`` loads tests/support/plant_plugin.py (with ENV naming the bug)."""
     report_dir = tmp / "report"
     junit = tmp / "junit.xml"
     proc = subprocess.run(

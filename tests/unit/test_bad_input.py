@@ -3,7 +3,7 @@ one line naming the problem: options the kit checks itself (``--cell-timeout``, 
 ``--nproc`` and ``--backend nccl`` against the visible GPUs), and a THUNDER_SPEC or
 TORCH_SPEC that does not install (tox's install_command, tools/tox_install.py).
 
-No GPU is needed: ``CUDA_VISIBLE_DEVICES=""`` hides any, and tests/fake_gpus.py makes the
+No GPU is needed: ``CUDA_VISIBLE_DEVICES=""`` hides any, and tests/support/fake_gpus.py makes the
 pytest process see a given number."""
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def test_bad_input_is_one_line_and_status_4_before_any_world(tmp_path: Path, cas
 def test_tox_multigpu_refuses_fewer_than_two_gpus_unless_asked(tmp_path: Path) -> None:
     """tox -e multigpu's own options (tox.ini), on a machine with one GPU: a world of one rank
     would shard nothing, so the run refuses; ``-- --min-gpus 1`` (after them: the last wins)
-    asks for it explicitly, and the report then says so (tests/test_cuda_path.py)."""
+    asks for it explicitly, and the report then says so (tests/unit/test_cuda_path.py)."""
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(ROOT / "tox.ini")
     command = shlex.split(tox["testenv:multigpu"]["commands"])

@@ -3,9 +3,9 @@ CUDA_VISIBLE_DEVICES honoured, a disjoint block per xdist worker), what ``--npro
 under xdist, a driver error caught and reported, and the report's warnings where the run did
 not test what its machine suggests (GPUs visible but gloo on CPU; worlds of one rank).
 
-No GPU is needed: ``launch.cuda`` is replaced by what tests/fake_gpus.py's ``FakeCuda`` makes
+No GPU is needed: ``launch.cuda`` is replaced by what tests/support/fake_gpus.py's ``FakeCuda`` makes
 ``launch.inspect_cuda`` find. The refusals with exit status 4 run in a subprocess in
-tests/test_bad_input.py."""
+tests/unit/test_bad_input.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 environment lacks is refused (a CPU world, a CUDA device without nvFuser, nvFuser found), the
 ids it gives cells, and collectives counted where an executor fused them into a region.
 
-Which cells the profiles give the axis is tests/test_profiles.py's business."""
+Which cells the profiles give the axis is tests/unit/test_profiles.py's business."""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def role(module: str) -> str:
     for name, prefix in ROLES.items():
         if module == prefix or module.startswith(prefix if prefix.endswith("_") else prefix + "."):
             return name
-    raise AssertionError(f"{module} belongs to no role: give it one in tests/test_layout.py")
+    raise AssertionError(f"{module} belongs to no role: give it one in tests/unit/test_layout.py")
 
 
 def modules(root: Path) -> dict[str, Path]:

@@ -45,7 +45,7 @@ CI = cells("ci", 2, PIN_UNSUPPORTED)
 
 
 def runs(selected: list) -> list:
-    """The real cells that run (simulated ones have tests/test_scale.py)."""
+    """The real cells that run (simulated ones have tests/unit/test_scale.py)."""
     return [
         c
         for c in selected

@@ -1,6 +1,6 @@
 """The xfails file, without a world: templates match whole messages (``{}`` one number),
 entries hold for the Thunder versions they list, and an unusable file ends the run before any
-world starts with one line and exit status 4. (tests/test_xfails.py runs entries on worlds.)"""
+world starts with one line and exit status 4. (tests/worlds/test_xfails.py runs entries on worlds.)"""
 
 from __future__ import annotations
 

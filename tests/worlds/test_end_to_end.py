@@ -115,7 +115,7 @@ def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
     for cell in suite.report["cells"]:
         if "generated" in cell["id"]:  # examples of generated models are not cells of the matrix
             continue
-        if cell["axes"].get("simulated"):  # its sampled ranks and metrics: tests/test_scale.py
+        if cell["axes"].get("simulated"):  # its sampled ranks and metrics: tests/unit/test_scale.py
             assert [r["rank"] for r in cell["ranks"]] == list(sampled_ranks(cell["axes"]["world_size"]))
             continue
         # an axis added later is left out of the axes written at its default

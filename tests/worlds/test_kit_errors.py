@@ -1,5 +1,5 @@
 """The line between "Thunder does not conform" and "the kit broke": a fault planted in the
-kit's own code (tests/kit_faults.py) is a pytest error (its own count, <error> in JUnit),
+kit's own code (tests/support/kit_faults.py) is a pytest error (its own count, <error> in JUnit),
 naming the kit's frame that raised, and hides no other area of the cell; an exception that
 Thunder raises is Thunder's failure."""
 

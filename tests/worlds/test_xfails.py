@@ -1,7 +1,7 @@
 """An xfails entry excuses exactly the failures it pins: a planted bug that also breaks
 something else still fails the item, a count other than the pinned one fails it, one that it
 fully explains becomes an xfail, and an entry covering an item that conforms fails that item
-as stale. (tests/test_xfails_file.py: templates, versions and bad files, without a world.)"""
+as stale. (tests/unit/test_xfails_file.py: templates, versions and bad files, without a world.)"""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ when = {when}
 failures = [{quoted}]
 {PIN}
 reason = "planted: a tied weight gathered once per name"
-link = "tests/planted_bugs.py"
+link = "tests/planted/fsdp_transform.py"
 """
     )
     return path
