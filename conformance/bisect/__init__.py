@@ -9,5 +9,5 @@ conforming, found with ``git bisect run`` in a Thunder checkout.
 - ``verdict``: a step's report.json read as git bisect's good, bad or skip.
 
 The package imports nothing else of the kit: it talks to the suite as a user does, through
-pytest's command line and report.json (tests/test_layout.py holds it to that).
+pytest's command line and report.json (tests/unit/test_layout.py holds it to that).
 """

@@ -1,0 +1,37 @@
+"""Predicates over cells that planted bugs' expectations and cell choices are written in, so
+that a prediction holds for any profile."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from conformance.matrix.cells import Cell
+from conformance.matrix.plan import expects_reset_error
+from fixtures.inits import INITS
+
+Pred = Callable[[Cell], bool]
+ALL: Pred = lambda cell: True  # noqa: E731
+NONE: Pred = lambda cell: False  # noqa: E731
+TIED: Pred = lambda cell: cell.tie == "tied"  # noqa: E731
+REAL: Pred = lambda cell: not INITS[cell.init].on_meta  # noqa: E731
+# module init that is expected to succeed (a negative cell stops at its TypeError first)
+MODULE_INIT: Pred = lambda cell: cell.init == "meta_module_init" and not expects_reset_error(cell)  # noqa: E731
+
+OFFLOADING: Pred = lambda cell: cell.offload != "none"  # noqa: E731
+BF16: Pred = lambda cell: cell.dtype == "bfloat16"  # noqa: E731
+ZERO3_REAL: Pred = lambda cell: cell.sharding == "zero3" and REAL(cell)  # noqa: E731
+BUCKETED: Pred = lambda cell: cell.bucketing != "none"  # noqa: E731
+FROZEN: Pred = lambda cell: cell.model == "lora"  # noqa: E731 (a model with frozen parameters)
+INFER: Pred = lambda cell: cell.scenario == "infer"  # noqa: E731
+RESHAPE: Pred = lambda cell: cell.scenario == "reshape"  # noqa: E731
+ACCUMULATE: Pred = lambda cell: cell.scenario == "accumulate"  # noqa: E731
+RESUME: Pred = lambda cell: cell.scenario == "resume"  # noqa: E731
+DROPOUT: Pred = lambda cell: cell.model == "dropout_head"  # noqa: E731 (a dropout as its last op)
+BUFFERED: Pred = lambda cell: cell.model == "root_owned"  # noqa: E731 (a random buffer, running statistics)
+BROADCAST: Pred = lambda cell: INITS[cell.init].broadcast  # noqa: E731
+DDP: Pred = lambda cell: cell.composition in ("ddp_jit", "jit_ddp")  # noqa: E731
+# a bug planted in FSDP's reduce-scatter or its transform: DDP's cells never take that path
+FSDP: Pred = lambda cell: not DDP(cell)  # noqa: E731
+# FSDP materialized from the state dict the kit shards: Thunder loads it with load_state_dict
+TRANSFORMED_SD: Pred = lambda cell: cell.init == "meta_transformed_sd" and not DDP(cell)  # noqa: E731
+FROZEN_JIT_FSDP: Pred = lambda cell: FROZEN(cell) and cell.composition == "jit_fsdp"  # noqa: E731

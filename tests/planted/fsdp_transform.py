@@ -1,0 +1,167 @@
+"""Bugs in what FSDP's transform does around the shards: tied weights, the forward's
+all-gathers, their order across ranks, frozen parameters, the broadcast of buffers."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.planted.cells import ALL, BROADCAST, BUFFERED, FROZEN, FROZEN_JIT_FSDP, NONE, TIED
+from tests.planted.record import Expect, planted
+
+
+@contextlib.contextmanager
+def _around_transform_module(
+    before: Callable[[Any, Any], None] | None = None, after: Callable[[Any, Any], None] | None = None
+) -> Iterator[None]:
+    """FSDPTransform.transform_module with ``before(transform, model)`` and ``after(...)``
+    around it."""
+    from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
+
+    original = FSDPTransform.transform_module
+
+    def transform_module(self: Any, model: Any) -> Any:
+        if before is not None:
+            before(self, model)
+        result = original(self, model)
+        if after is not None:
+            after(self, model)
+        return result
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FSDPTransform, "transform_module", transform_module)
+        yield
+
+
+@planted({"collectives": Expect(TIED, NONE, "forward all_gathers: expected")})
+@contextlib.contextmanager
+def duplicate_tied_all_gather() -> Iterator[None]:
+    """Forget which parameters are tied: every name of a tied weight is gathered (Thunder #602)."""
+    with _around_transform_module(after=lambda transform, model: setattr(transform, "shared_params_name", {})):
+        yield
+
+
+# original_state_dict() unshards through the same broken all-gather
+@planted(
+    {
+        "numerics": Expect(ALL, NONE, "output at step 0"),
+        "state_dict": Expect(NONE, ALL),
+        "memory": Expect(NONE, ALL),  # the planted gather allocates a temporary of its own
+    }
+)
+@contextlib.contextmanager
+def stale_forward_gather() -> Iterator[None]:
+    """The all-gather hands back its input buffer's first rows for every shard (outputs wrong)."""
+    import torch.distributed as dist
+
+    original = dist.all_gather_into_tensor
+
+    def all_gather_into_tensor(output: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+        work = original(output, input, *args, **kwargs)
+        if work is not None:
+            work.wait()
+        output.copy_(input.repeat(output.shape[0] // input.shape[0], *([1] * (input.dim() - 1))))
+        return work
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dist, "all_gather_into_tensor", all_gather_into_tensor)
+        yield
+
+
+# only simulated worlds at scale show it (tests/planted/test_scale.py predicts the ranks)
+@planted(at_scale=True)
+@contextlib.contextmanager
+def collective_order_by_rank() -> Iterator[None]:
+    """Odd ranks issue the parameter gathers in reverse order: a real world would deadlock or
+    gather mismatched buffers; every rank's trace is fine on its own."""
+    import importlib
+
+    import torch.distributed as dist
+
+    utils = importlib.import_module("thunder.distributed.utils")  # the package's ``utils`` is thunder.core's
+    original = utils.maybe_sort_waits
+
+    def maybe_sort_waits(trace: Any) -> tuple[bool, Any]:
+        changed, trace = original(trace)
+        if dist.get_rank() % 2:
+            bsyms = trace.bound_symbols
+            # a parameter's gather reads only the trace's own arguments: any order executes
+            where = [i for i, b in enumerate(bsyms) if "all_gather" in b.sym.name]
+            for i, b in zip(where, reversed([bsyms[i] for i in where]), strict=True):
+                bsyms[i] = b
+        return changed, trace
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(utils, "maybe_sort_waits", maybe_sort_waits)
+        yield
+
+
+# A frozen base made trainable: named by materialization (requires_grad), numerics (a
+# gradient eager does not have) and collectives (reduce-scatters for it); the training it
+# then does moves memory and the state dict too. Under jit_fsdp Thunder's own prologue
+# refuses the changed flag at the first call (a failure of every area: did not run).
+@planted(
+    {
+        "materialization": Expect(
+            FROZEN, NONE, "trainable parameters: requires_grad differs from eager's | did not run"
+        ),
+        "numerics": Expect(FROZEN, NONE, "present where eager has none | did not run"),
+        "collectives": Expect(FROZEN, NONE, "backward reduce_scatters: expected | did not run"),
+        "memory": Expect(NONE, FROZEN),
+        "state_dict": Expect(NONE, FROZEN),
+        "offload": Expect(NONE, FROZEN_JIT_FSDP),
+    },
+    cells=(lambda c: FROZEN(c) and c.composition == "fsdp_jit", FROZEN_JIT_FSDP, lambda c: c.model == "mlp"),
+)
+@contextlib.contextmanager
+def frozen_parameters_trained() -> Iterator[None]:
+    """Sharding forgets ``requires_grad=False`` before Thunder traces (as if each new
+    ``nn.Parameter`` were built without passing the flag on, at a point the trace then sees):
+    a frozen base gets gradients, reduce-scatters and optimizer steps. (Flipping the flag only
+    after tracing is refused by Thunder's own prologue at the first call instead.)"""
+
+    def unfreeze(transform: Any, model: Any) -> None:
+        for p in model.parameters():
+            p.requires_grad_(True)
+
+    with _around_transform_module(before=unfreeze):
+        yield
+
+
+# Replicated buffers that differ from rank to rank: only a model with a random buffer shows
+# it; the ranks then train different functions, which numerics may see too.
+@planted(
+    {
+        "materialization": Expect(lambda c: BROADCAST(c) and BUFFERED(c), NONE, "buffers on every rank"),
+        "numerics": Expect(NONE, lambda c: BROADCAST(c) and BUFFERED(c)),
+    },
+    cells=(lambda c: BROADCAST(c) and BUFFERED(c), lambda c: BROADCAST(c) and not BUFFERED(c)),
+)
+@contextlib.contextmanager
+def buffers_not_broadcast() -> Iterator[None]:
+    """FSDP's ``broadcast_from`` broadcasts the parameters but not the buffers: ranks that
+    built the model from other weights keep their own buffers."""
+    import torch
+    import torch.distributed as dist
+
+    original = dist.broadcast
+
+    def broadcast(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(tensor, torch.nn.Parameter):
+            return original(tensor, *args, **kwargs)
+        return None  # async_op=False: nothing to wait for
+
+    def patch(transform: Any, model: Any) -> None:
+        dist.broadcast = broadcast
+
+    def unpatch(transform: Any, model: Any) -> None:
+        dist.broadcast = original
+
+    try:
+        with _around_transform_module(before=patch, after=unpatch):
+            yield
+    finally:
+        dist.broadcast = original

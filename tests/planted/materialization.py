@@ -1,0 +1,160 @@
+"""Bugs of materialization and module init: a module left unloaded, and values drawn near
+the thresholds (only the values Thunder draws change, and the eager model adopts them, so
+nothing but materialization can see them)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.planted.cells import ALL, BUFFERED, MODULE_INIT, NONE, REAL
+from tests.planted.record import Expect, planted
+
+
+# The bug skips the first load of a cell: materialization on meta, else the state-dict
+# round trip, which loads through the same loader.
+@planted(
+    {
+        "materialization": Expect(MODULE_INIT, NONE, "initial parameters ["),
+        "numerics": Expect(NONE, ALL),
+        "state_dict": Expect(REAL, ALL, "load_original_state_dict round trip ["),
+    }
+)
+@contextlib.contextmanager
+def one_module_not_materialized() -> Iterator[None]:
+    """Materialization forgets the first module it should load: its tensors stay uninitialized."""
+    from thunder.core.module import ThunderModule
+
+    original = ThunderModule._transform_and_load_for_submodule
+    skipped: list[str] = []
+
+    def load(self: Any, submodule_name: str, state_dict: dict, *args: Any, **kwargs: Any) -> Any:
+        if not skipped and any(k.endswith("weight") for k in state_dict):
+            skipped.append(submodule_name)
+            return None
+        return original(self, submodule_name, state_dict, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ThunderModule, "_transform_and_load_for_submodule", load)
+        yield
+
+
+@contextlib.contextmanager
+def _during_module_init(patch: Callable[[Any, pytest.MonkeyPatch], None]) -> Iterator[None]:
+    """Apply ``patch(thunder_module, monkeypatch)`` only while module init materializes the
+    parameters (not for the non-persistent buffers, nor for later state-dict loads)."""
+    import thunder.transforms.materialization as materialization
+
+    original = materialization.module_init_from_original_module_init
+
+    def init(transform: Any, tm: Any, *args: Any, non_persistent_only: bool = False, **kwargs: Any) -> Any:
+        with pytest.MonkeyPatch.context() as inner:
+            if not non_persistent_only:
+                patch(tm, inner)
+            return original(transform, tm, *args, non_persistent_only=non_persistent_only, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(materialization, "module_init_from_original_module_init", init)
+        yield
+
+
+def _linears(tm: Any, untied: bool = False) -> list[Any]:
+    """The model's nn.Linear modules (``untied``: those whose weight no other module shares)."""
+    from torch import nn
+
+    uses: dict[int, int] = {}
+    for _, p in tm._model.named_parameters(remove_duplicate=False):
+        uses[id(p)] = uses.get(id(p), 0) + 1
+    linears = [m for m in tm._model.modules() if isinstance(m, nn.Linear)]
+    return [m for m in linears if not untied or uses[id(m.weight)] == 1]
+
+
+def _after_reset(mp: pytest.MonkeyPatch, marked: Any, change: Callable[[Any], None]) -> None:
+    """After ``reset_parameters`` of the module copy Thunder makes of ``marked``, ``change`` it."""
+    import torch
+    from torch import nn
+
+    marked._planted = True  # copy.copy carries it to Thunder's module copy
+    reset = nn.Linear.reset_parameters
+
+    def reset_parameters(self: Any) -> None:
+        reset(self)
+        if getattr(self, "_planted", False):
+            with torch.no_grad():
+                change(self)
+
+    mp.setattr(nn.Linear, "reset_parameters", reset_parameters)
+
+
+@planted({"materialization": Expect(MODULE_INIT, NONE, "values outside [")})
+@contextlib.contextmanager
+def module_init_draws_wider() -> Iterator[None]:
+    """Module init draws the largest untied Linear weight from a uniform 5% wider than
+    Linear.reset_parameters' (about 5% of its values land just outside the bound)."""
+
+    def patch(tm: Any, mp: pytest.MonkeyPatch) -> None:
+        largest = max(_linears(tm, untied=True), key=lambda m: m.weight.numel())
+        _after_reset(mp, largest, lambda m: m.weight.mul_(1.05))
+
+    with _during_module_init(patch):
+        yield
+
+
+@planted({"materialization": Expect(MODULE_INIT, NONE, "shards of ranks 0 and 1 (")})
+@contextlib.contextmanager
+def shards_copied_from_rank0() -> Iterator[None]:
+    """Under module init every rank keeps rank 0's shard of the first weight (a 2-d parameter):
+    in bounds and distributed right, but the ranks' shards are copies of one another."""
+    import thunder.distributed.transforms.fsdp_v2 as fsdp_v2
+
+    def patch(tm: Any, mp: pytest.MonkeyPatch) -> None:
+        first = next(n for n, p in tm._model.named_parameters() if p.dim() == 2)
+        original = fsdp_v2._shard_tensor
+
+        def shard(param: Any, rank: int, world_size: int, name: str, *args: Any, **kwargs: Any) -> Any:
+            return original(param, 0 if name == first else rank, world_size, name, *args, **kwargs)
+
+        mp.setattr(fsdp_v2, "_shard_tensor", shard)
+
+    with _during_module_init(patch):
+        yield
+
+
+@planted({"materialization": Expect(MODULE_INIT, NONE, "values equal")})
+@contextlib.contextmanager
+def small_tensor_constant() -> Iterator[None]:
+    """Module init fills the smallest Linear bias (or, in a model without biases, the smallest
+    untied Linear weight) with one constant inside its bounds, a quarter of the way to
+    1/√fan_in: on ≤ 7 values even a KS test against the exact uniform passes."""
+
+    def patch(tm: Any, mp: pytest.MonkeyPatch) -> None:
+        biases = [(m, "bias") for m in _linears(tm) if m.bias is not None]
+        module, leaf = min(
+            biases or [(m, "weight") for m in _linears(tm, untied=True)],
+            key=lambda c: getattr(c[0], c[1]).numel(),
+        )
+        _after_reset(mp, module, lambda m: getattr(m, leaf).fill_(0.25 / m.in_features**0.5))
+
+    with _during_module_init(patch):
+        yield
+
+
+@planted(
+    {
+        "materialization": Expect(lambda c: MODULE_INIT(c) and BUFFERED(c), NONE, "buffers on every rank"),
+        "numerics": Expect(NONE, lambda c: MODULE_INIT(c) and BUFFERED(c)),
+    },
+    cells=(lambda c: MODULE_INIT(c) and BUFFERED(c), lambda c: MODULE_INIT(c) and not BUFFERED(c)),
+)
+@contextlib.contextmanager
+def module_init_draws_per_rank() -> Iterator[None]:
+    """Module init seeds each rank's generator by its rank before drawing: every shard is
+    still a valid draw, but a replicated buffer drawn at random differs from rank to rank."""
+    import torch
+    import torch.distributed as dist
+
+    with _during_module_init(lambda tm, mp: torch.manual_seed(4242 + dist.get_rank())):
+        yield

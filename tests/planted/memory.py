@@ -1,0 +1,145 @@
+"""Memory-only bugs: bytes held or peaks raised while numerics, collectives and state dicts
+stay right."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.planted.cells import ALL, BF16, MODULE_INIT, NONE, REAL, ZERO3_REAL
+from tests.planted.patching import thunder_steps
+from tests.planted.record import Expect, planted
+
+
+@contextlib.contextmanager
+def _originals_kept_where(applies: Callable[[Any], bool]) -> Iterator[None]:
+    """FSDP keeps the unsharded original parameters alive beside the shards, for the
+    transforms ``applies`` picks."""
+    from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
+
+    original = FSDPTransform.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if applies(self):
+            self.release_original_parameters = False
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FSDPTransform, "__init__", init)
+        yield
+
+
+@planted({"memory": Expect(REAL, NONE, "memory held after setup")})  # meta originals hold no bytes
+@contextlib.contextmanager
+def originals_kept() -> Iterator[None]:
+    """FSDP keeps the unsharded original parameters alive beside the shards (Thunder #478 class)."""
+    with _originals_kept_where(lambda transform: True):
+        yield
+
+
+@planted(
+    {"memory": Expect(ZERO3_REAL, NONE, "memory held after setup")},
+    cells=(ZERO3_REAL, lambda c: REAL(c) and c.sharding == "zero2"),
+)
+@contextlib.contextmanager
+def zero3_originals_kept() -> Iterator[None]:
+    """Under ZERO3 only, FSDP keeps the unsharded original parameters beside the shards."""
+    from thunder.distributed import FSDPType
+
+    with _originals_kept_where(lambda transform: transform.sharding_strategy == FSDPType.ZERO3):
+        yield
+
+
+# fsdp(jit(m)) runs module-init materialization on real models too: the copy shows there
+@planted({"memory": Expect(MODULE_INIT, REAL, "setup peak")})
+@contextlib.contextmanager
+def full_model_before_sharding() -> Iterator[None]:
+    """Module init materializes every parameter unsharded before it shards any of them."""
+    import thunder.transforms.materialization as materialization
+    import torch
+
+    original = materialization.module_init_from_original_module_init
+
+    def init(transform: Any, tm: Any, **kwargs: Any) -> Any:
+        whole = [torch.zeros(p.shape, dtype=p.dtype, device=transform.device) for p in tm._model.parameters()]
+        try:
+            return original(transform, tm, **kwargs)
+        finally:
+            del whole
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(materialization, "module_init_from_original_module_init", init)
+        yield
+
+
+# meta shards are cut from meta tensors: the copies hold no bytes there
+@planted({"memory": Expect(REAL, NONE, "setup peak")})
+@contextlib.contextmanager
+def shard_sources_copied() -> Iterator[None]:
+    """Sharding works from a private copy of every parameter and drops the copies once all
+    shards are cut: the setup peak doubles, nothing leaks past setup (meta copies hold no bytes)."""
+    from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
+
+    original = FSDPTransform.transform_module
+
+    def transform_module(self: Any, model: Any) -> Any:
+        copies = [p.detach().clone() for p in model.parameters()]  # noqa: F841 (held on purpose)
+        return original(self, model)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FSDPTransform, "transform_module", transform_module)
+        yield
+
+
+@planted({"memory": Expect(ALL, NONE, "peak: ")})
+@contextlib.contextmanager
+def intermediates_not_freed() -> Iterator[None]:
+    """The executed traces lose their del statements: every intermediate lives to the end.
+    (The clear_collection calls the same pass adds stay: Thunder's backward relies on them.)"""
+    import thunder.executors.passes as passes
+    from thunder.core.prims import PrimIDs
+
+    original = passes.del_last_used
+
+    def keep_everything(trace: Any, **kwargs: Any) -> Any:
+        out = original(trace, **kwargs)
+        out.bound_symbols = [b for b in out.bound_symbols if b.sym.id != PrimIDs.DEL]
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(passes, "del_last_used", keep_everything)
+        yield
+
+
+@planted(
+    {"memory": Expect(ALL, NONE, "memory held after backward at step 0")},
+    cells=(BF16, lambda c: c.world_size > 2),
+)
+@contextlib.contextmanager
+def shard_copy_kept() -> Iterator[None]:
+    """The first forward keeps a copy of one parameter's shard (the largest) for good."""
+    kept: list[Any] = []
+
+    def keep(tm: Any, out: Any) -> None:
+        if not kept:
+            kept.append(max(tm.parameters(), key=lambda p: p.numel()).detach().clone())
+
+    with thunder_steps(keep):
+        yield
+
+
+@planted(
+    {"memory": Expect(ALL, NONE, "memory held after backward at step 0")},
+    cells=(lambda c: c.sharding == "zero3", lambda c: c.offload != "none"),
+)
+@contextlib.contextmanager
+def tensor_leaked_per_step() -> Iterator[None]:
+    """Every forward leaves one small tensor (two float32 elements) behind."""
+    import torch
+
+    kept: list[Any] = []
+    with thunder_steps(lambda tm, out: kept.append(torch.zeros(2, device=out.device))):
+        yield

@@ -1,0 +1,99 @@
+"""Bugs of the state dicts: original_state_dict() after training, and a checkpoint loaded
+through load_state_dict (FSDP's sharded one, DDP's whole one)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.planted.cells import ACCUMULATE, ALL, BUFFERED, DDP, NONE, RESUME, TRANSFORMED_SD
+from tests.planted.record import Expect, planted
+
+
+@planted({"state_dict": Expect(ALL, NONE, "original_state_dict after training [")})
+@contextlib.contextmanager
+def stale_original_state_dict() -> Iterator[None]:
+    """original_state_dict() unshards by repeating this rank's shard instead of gathering."""
+    from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
+
+    def reverse(self: Any, model: Any, submodule_name: str, state_dict: dict) -> dict:
+        prefix = f"{submodule_name}." if submodule_name else ""
+        for name, tensor in state_dict.items():
+            if prefix + name in self.sharded_params:
+                old_shape, *_ = self.sharded_params[prefix + name]
+                state_dict[name] = tensor.repeat(self.world_size, *([1] * (tensor.dim() - 1)))[: old_shape[0]]
+        return state_dict
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FSDPTransform, "reverse_transform_state_dict_for_submodule", reverse)
+        yield
+
+
+@contextlib.contextmanager
+def _load_state_dict(change: Callable[[Any, dict[str, Any]], dict[str, Any]]) -> Iterator[None]:
+    """ThunderModule.load_state_dict loading ``change(module, state_dict)`` instead, leniently."""
+    from thunder.core.module import ThunderModule
+
+    original = ThunderModule.load_state_dict
+
+    def load_state_dict(self: Any, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return original(self, change(self, dict(state_dict)), strict=False, assign=assign)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ThunderModule, "load_state_dict", load_state_dict)
+        yield
+
+
+# Loses the buffers: only where a buffer changed since init (running statistics), and a
+# materialization from the sharded state dict the kit hands over, where buffers are.
+@planted(
+    {
+        "state_dict": Expect(lambda c: RESUME(c) and BUFFERED(c), NONE, "checkpoint resumed: buffers after loading"),
+        "materialization": Expect(NONE, lambda c: TRANSFORMED_SD(c) and BUFFERED(c)),
+        "numerics": Expect(NONE, lambda c: TRANSFORMED_SD(c) and BUFFERED(c)),
+    },
+    cells=(
+        lambda c: RESUME(c) and BUFFERED(c) and not DDP(c),
+        lambda c: RESUME(c) and DDP(c),
+        lambda c: RESUME(c) and not BUFFERED(c),
+    ),
+)
+@contextlib.contextmanager
+def load_drops_buffers() -> Iterator[None]:
+    """``load_state_dict`` (a sharded checkpoint's load; a DDP module's whole one) loads the
+    parameters and silently leaves every buffer as it was: running statistics restart."""
+    with _load_state_dict(lambda tm, sd: {k: v for k, v in sd.items() if k not in dict(tm.named_buffers())}):
+        yield
+
+
+# Loses the last rank's shards: every resumed cell, on that rank; and every cell
+# materialized from a sharded state dict starts from what that rank's shards held before.
+@planted(
+    {
+        "state_dict": Expect(RESUME, TRANSFORMED_SD, "checkpoint resumed: weights after loading"),
+        "materialization": Expect(TRANSFORMED_SD, NONE, "initial parameters ["),
+        "numerics": Expect(NONE, TRANSFORMED_SD),
+        "collectives": Expect(NONE, TRANSFORMED_SD),
+        "memory": Expect(NONE, TRANSFORMED_SD),
+    },
+    cells=(
+        lambda c: RESUME(c) and not DDP(c),
+        lambda c: RESUME(c) and DDP(c),
+        TRANSFORMED_SD,
+        lambda c: ACCUMULATE(c) and not TRANSFORMED_SD(c),
+    ),
+)
+@contextlib.contextmanager
+def load_loses_last_rank() -> Iterator[None]:
+    """``load_state_dict`` on the last rank loads nothing: that rank's shards (its whole copy,
+    under DDP) keep the values they had before the checkpoint was loaded."""
+    import torch.distributed as dist
+
+    def change(tm: Any, sd: dict[str, Any]) -> dict[str, Any]:
+        return {} if dist.get_rank() == dist.get_world_size() - 1 else sd
+
+    with _load_state_dict(change):
+        yield

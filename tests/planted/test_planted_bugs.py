@@ -1,0 +1,71 @@
+"""Every check is shown to fail: a bug planted in Thunder inside the ranks (the records of
+tests/planted/) makes the suite fail on exactly the cells and check areas it should, saying why.
+
+The suite runs its smoke profile here (one cell per kind of check), or, for a bug that only
+a path the smoke cells do not take can show (bfloat16, ZERO3, bucketing, world sizes above
+2), the ci profile's cells that take it beside some that do not. Expectations are predicates
+over cells, so they hold for any profile.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from conformance.matrix.cells import Cell
+from tests.planted.cells import NONE
+from tests.planted.record import Expect, PlantedBug
+from tests.planted.registry import BUGS, RECORDS
+from tests.support.plant_plugin import ENV
+from tests.support.suite_runs import probed_on_this_machine, run_suite
+
+pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
+
+UNNAMED = Expect(NONE, NONE, "")  # an area the record does not name must pass everywhere
+
+
+def _selection(bug: PlantedBug) -> list[str]:
+    """The suite's arguments for the cells ``bug`` runs on."""
+    if bug.cells is None:
+        return ["--profile", "smoke", "-k", "not generated"]
+    from conformance.matrix.profiles import cells
+
+    # on the pin, the probed compositions and executors are the unsupported ones; small models
+    # first; ci's cells where it has each kind wanted (a pairwise array need not hold every
+    # triple: root_owned's resume may be DDP's alone), else nightly's
+    probed = probed_on_this_machine()
+    for profile in ("ci", "nightly"):
+        running = [c for c in cells(profile, 2, probed) if c.composition not in probed and c.executors not in probed]
+        running.sort(key=lambda c: c.model.startswith("litgpt"))
+        chosen = [next((c for c in running if wanted(c)), None) for wanted in bug.cells]
+        if all(chosen):
+            return ["--profile", profile, "-k", " or ".join(c.id for c in chosen)]
+    raise AssertionError(f"no profile holds a cell of each kind {bug.name} is tried on")
+
+
+# bugs that only simulated worlds show (no areas on real worlds) have tests/planted/test_scale.py
+@pytest.mark.parametrize("bug", [b.name for b in RECORDS if b.areas])
+def test_planted_bug_is_caught(bug: str, tmp_path) -> None:
+    record = BUGS[bug]
+    # generated models have a planted test of their own (tests/planted/test_generated.py)
+    run = run_suite(tmp_path, *_selection(record), env={ENV: bug}, plant=True)
+    assert run.returncode == 1, run.output
+    caught = 0
+    for item in run.report["cells"]:
+        if item["outcome"] == "unsupported":
+            continue
+        cell = Cell(**item["axes"])
+        expect = record.areas.get(item["area"], UNNAMED)
+        if expect.must(cell):
+            assert item["outcome"] == "failed", f"{bug} not caught by {item['area']} on {cell.id}"
+            assert any(w in item["message"] for w in expect.words.split(" | ")), item["message"]
+            caught += 1
+        elif not expect.may(cell):
+            # a known non-conformance of the pin (xfails file) stays what it was
+            assert item["outcome"] in ("passed", "xfailed"), (
+                f"{bug} blamed on {item['area']} of {cell.id}:\n{item.get('message')}"
+            )
+        if item["outcome"] == "failed":
+            assert f"repro: python -m pytest {shlex.quote(item['id'])} --nproc 2" in item["message"]
+    assert caught, f"no cell selected where {bug} must be caught"

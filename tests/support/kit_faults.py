@@ -1,0 +1,72 @@
+"""Faults planted in the kit itself (not in Thunder), to show that the kit's own failures are
+reported as pytest errors naming the frame that raised, and Thunder's failures never are.
+
+Each is a context manager entered in every rank for one cell, like a planted bug's patch (tests/planted/);
+``run_cell_with_fault`` is the rank-side entry point (tests/support/plant_plugin.py names it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+
+@contextlib.contextmanager
+def memory_check_crashes() -> Iterator[None]:
+    """One area's check raises on what it reads (a missing key): that area alone errs."""
+    from conformance.checks.registry import AREAS
+
+    def check(record: Any) -> Any:
+        return {}["a metric the check wrongly expects"]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(AREAS, "memory", dataclasses.replace(AREAS["memory"], check=check))
+        yield
+
+
+@contextlib.contextmanager
+def kit_assumes_missing_api() -> Iterator[None]:
+    """The kit's setup reaches for an attribute this Thunder lacks (as it once did with
+    ``TraceTag.BACKWARD`` on 0.2.1): every area of the cell errs."""
+    import thunder.core.trace
+
+    from conformance.rank import entry
+
+    original = entry.record_setup
+
+    def record_setup(*args: Any) -> Any:
+        _ = thunder.core.trace.TraceTag.A_TAG_NO_THUNDER_HAS
+        return original(*args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(entry, "record_setup", record_setup)
+        yield
+
+
+@contextlib.contextmanager
+def thunder_raises() -> Iterator[None]:
+    """Thunder itself raises while sharding: Thunder's failure, never the kit's."""
+    from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
+
+    def transform_module(self: Any, model: Any) -> Any:
+        raise RuntimeError("planted: Thunder cannot shard this model")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FSDPTransform, "transform_module", transform_module)
+        yield
+
+
+FAULTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    f.__name__: f for f in (memory_check_crashes, kit_assumes_missing_api, thunder_raises)
+}
+
+
+def run_cell_with_fault(fault: str, axes: dict[str, Any]) -> dict[str, Any]:
+    from conformance.rank.entry import run_cell
+
+    with FAULTS[fault]():
+        return run_cell(axes)

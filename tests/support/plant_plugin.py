@@ -1,0 +1,29 @@
+"""pytest plugin for the kit's own tests: ``-p tests.support.plant_plugin`` with CONFORMANCE_PLANTED_BUG
+set runs the real suite with that bug (a record of tests/planted/) planted in every rank; with
+CONFORMANCE_KIT_FAULT set, with that fault of the kit itself (tests/support/kit_faults.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conformance.frontend.runner import RUNNER
+from conformance.world import protocol
+
+ENV = "CONFORMANCE_PLANTED_BUG"
+KIT_FAULT_ENV = "CONFORMANCE_KIT_FAULT"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if KIT_FAULT_ENV in os.environ:
+        fault = os.environ[KIT_FAULT_ENV]
+        config.stash[RUNNER].cell_task = lambda cell: protocol.Task(
+            "tests.support.kit_faults:run_cell_with_fault", {"fault": fault, "axes": cell.axes()}
+        )
+        return
+    bug = os.environ[ENV]
+    config.stash[RUNNER].cell_task = lambda cell: protocol.Task(
+        "tests.planted.registry:run_cell_with_bug", {"bug": bug, "axes": cell.axes()}
+    )

@@ -1,0 +1,126 @@
+"""Running the conformance suite as a user would, in a subprocess, and reading its reports."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@functools.cache
+def probed_on_this_machine() -> dict[str, str]:
+    """The values the pin's probe refuses on a machine without a GPU, as the front end's
+    ``unsupported`` mapping: each composition and executor whose probe, asked here about the
+    CPU, gives a reason (the legacy composition, removed from Thunder; nvFuser and
+    torch.compile, which need CUDA; DDP's compositions are offered)."""
+    import torch
+
+    from fixtures.compositions import COMPOSITIONS
+    from fixtures.executors import EXECUTORS
+
+    cpu = torch.device("cpu")
+    probed = {n: v.probe for n, v in {**COMPOSITIONS, **EXECUTORS}.items() if v.probe is not None}
+    return {n: reason for n, probe in probed.items() if (reason := probe(cpu))}
+
+
+def unsupported_values(report: dict[str, Any]) -> dict[str, str]:
+    """Probed value -> reason, as the cells a run reported unsupported say (one value each)."""
+    from conformance.matrix.axes import PROBED_AXES
+    from conformance.matrix.cells import axis_value
+
+    probed = probed_on_this_machine()
+    out = {}
+    for c in report["cells"]:
+        if c["outcome"] == "unsupported":
+            for axis in PROBED_AXES:
+                value = axis_value(c["axes"], axis)
+                if value in probed or (axis == "offload" and value != "none"):
+                    out[value] = c["message"]
+    return out
+
+
+@dataclasses.dataclass
+class SuiteRun:
+    returncode: int
+    output: str
+    report: dict[str, Any]
+    jsonl: list[dict[str, Any]]
+    summary: str
+    junit: ET.Element
+    report_dir: Path
+
+    def outcomes(self, area: str) -> dict[str, str]:
+        """cell id -> outcome, for the items of one check area."""
+        return {c["cell"]: c["outcome"] for c in self.report["cells"] if c.get("area") == area}
+
+
+def run_suite(
+    tmp: Path,
+    *args: str,
+    paths: tuple[str, ...] = ("conformance",),
+    env: dict[str, str] | None = None,
+    plant: bool = False,
+    timeout: float = 600,
+) -> SuiteRun:
+    """Run the suite in a subprocess; ``plant`` loads tests/support/plant_plugin.py (with ENV naming the bug)."""
+    report_dir = tmp / "report"
+    junit = tmp / "junit.xml"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *paths,
+            *(["-p", "tests.support.plant_plugin"] if plant else []),
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            f"--report-dir={report_dir}",
+            f"--junitxml={junit}",
+            *args,
+        ],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    output = proc.stdout + proc.stderr
+    assert (report_dir / "report.json").exists(), output
+    return SuiteRun(
+        returncode=proc.returncode,
+        output=output,
+        report=json.loads((report_dir / "report.json").read_text()),
+        jsonl=[json.loads(line) for line in (report_dir / "report.jsonl").read_text().splitlines()],
+        summary=(report_dir / "summary.md").read_text(),
+        junit=ET.parse(junit).getroot(),
+        report_dir=report_dir,
+    )
+
+
+def run_refused(tmp: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run the suite with bad input: it must end with pytest's usage-error status (4) and one
+    ``ERROR:`` line, before any world starts. That line."""
+    report_dir = tmp / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", f"--report-dir={report_dir}", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 4, output
+    lines = output.strip().splitlines()  # pytest ends a usage error with a blank line
+    assert len(lines) == 1 and lines[0].startswith("ERROR: "), output
+    assert not (report_dir / "worlds").exists(), "a world was started"
+    return lines[0]

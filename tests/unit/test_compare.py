@@ -1,0 +1,317 @@
+"""python -m conformance.compare: two reports compared (regressions exit 1 and are named,
+noise and identical runs exit 0, unreadable input exits 4 in one line), the history picture,
+and the run-time --baseline's comparison in the report folder. No world: the reports are
+built here in report.json's schema."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.compare import main
+from conformance.matrix.cells import Cell
+from conformance.reports import history
+from conformance.reports.compare import compare
+from conformance.reports.session import SessionInfo
+from conformance.reports.writer import Reporter
+from tests.support.suite_runs import ROOT
+
+TIED_CELL = Cell("tied_lm", "real", "fsdp_jit", tie="tied")
+MLP_CELL = Cell(
+    "mlp", "meta_module_init", "jit_fsdp", offload="all", sharding="zero3", bucketing="block", dtype="bfloat16"
+)
+TIED, MLP = TIED_CELL.id, MLP_CELL.id
+AXES = {cell.id: cell.axes() for cell in (TIED_CELL, MLP_CELL)}
+TIMINGS = {"setup_s": 0.05, "step0_s": 6.0, "step1_s": 0.4, "step2_s": 0.3}
+
+
+def item(cell: str, area: str, outcome: str = "passed", **metrics: Any) -> dict[str, Any]:
+    return {
+        "id": f"conformance/test_{area}.py::test_{area}[{cell}]",
+        "outcome": outcome,
+        "duration": 0.001,
+        "cell": cell,
+        "area": area,
+        "axes": AXES[cell],
+        "ranks": [{"rank": r, "status": "passed", "failures": []} for r in range(2)],
+        "metrics": {"world_start_s": 0.0, "cell_run_s": 9.0, **metrics, "timings": dict(TIMINGS)},
+    }
+
+
+def memory(cell: str, setup: int, forward: int, backward: int, step: int = 0) -> dict[str, Any]:
+    measured = {"setup": setup, "forward": forward, "backward": backward, "step": step}
+    return item(cell, "memory", measured=measured, **{f"{p} peak": {"measured": v} for p, v in measured.items()})
+
+
+def collectives(cell: str, forward_all_gathers: int = 6, gathered: int = 3528) -> dict[str, Any]:
+    return item(
+        cell,
+        "collectives",
+        **{
+            "forward all_gathers": {"expected": 6, "actual": forward_all_gathers},
+            "backward reduce_scatters": {"expected": 6, "actual": 6},
+            "forward all-gathered bytes": {"expected": 3528, "actual": gathered},
+        },
+    )
+
+
+def report(*items: dict[str, Any], started: str = "2026-11-22T01:00:00+00:00") -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for i in items:
+        counts[i["outcome"]] = counts.get(i["outcome"], 0) + 1
+    return {
+        "environment": {"thunder": "0.2.7.dev20260201", "backend": "gloo", "world_size": 2},
+        "exit_status": 0,
+        "started": started,
+        "wall_s": 300.0,
+        "profile": "ci",
+        "counts": counts,
+        "cells": list(items),
+    }
+
+
+def baseline_report() -> dict[str, Any]:
+    return report(
+        memory(TIED, 49636, 91632, 92628, 11400),
+        collectives(TIED),
+        item(TIED, "numerics"),
+        memory(MLP, 1712, 2272, 4000),
+        item(MLP, "offload", **{"held after forward": {"measured": 2000, "estimate": 2000, "bound": 2256}}),
+        {"id": "conformance/test_generated.py::test_generated_model_conforms", "outcome": "passed", "duration": 21.0},
+    )
+
+
+def find(rep: dict[str, Any], cell: str, area: str) -> dict[str, Any]:
+    return next(i for i in rep["cells"] if i.get("cell") == cell and i.get("area") == area)
+
+
+def run(tmp_path: Path, old: dict[str, Any], new: dict[str, Any], *extra: str) -> tuple[int, str, dict[str, Any]]:
+    """Exit status, Markdown and JSON of comparing two reports written as report folders."""
+    for name, rep in (("old", old), ("new", new)):
+        (tmp_path / name).mkdir(exist_ok=True)
+        (tmp_path / name / "report.json").write_text(json.dumps(rep))
+    out = tmp_path / "compare.md"
+    status = main(
+        [
+            str(tmp_path / "old"),
+            str(tmp_path / "new"),
+            "--markdown",
+            str(out),
+            "--json",
+            str(tmp_path / "c.json"),
+            *extra,
+        ]
+    )
+    return status, out.read_text(), json.loads((tmp_path / "c.json").read_text())
+
+
+def test_a_report_against_itself_is_no_regression(tmp_path: Path) -> None:
+    status, text, js = run(tmp_path, baseline_report(), baseline_report())
+    assert status == 0 and "**No regression.**" in text
+    assert js["regressions"] == 0 and js["items"] == [] and js["metrics"] == []
+
+
+def test_noise_level_differences_are_no_regression(tmp_path: Path) -> None:
+    new = baseline_report()
+    # the worst jitter measured between runs: an mlp forward peak 2272 -> 3232 B, a cell x5.39 slower
+    find(new, MLP, "memory")["metrics"]["measured"]["forward"] = 3232
+    for i in new["cells"]:
+        if i.get("cell") == TIED:
+            i["metrics"]["cell_run_s"] = 9.0 * 5.39
+            i["metrics"]["timings"]["step1_s"] = 0.4 * 9.0
+    status, text, js = run(tmp_path, baseline_report(), new)
+    assert status == 0, text
+    assert js["metrics"] == []
+
+
+def test_a_planted_memory_regression_exits_1_and_names_the_cell(tmp_path: Path) -> None:
+    new = baseline_report()
+    find(new, TIED, "memory")["metrics"]["measured"]["backward"] += 4  # CPU peaks repeat to the byte
+    status, text, js = run(tmp_path, baseline_report(), new)
+    assert status == 1
+    assert "**1 regression**" in text
+    row = next(line for line in text.splitlines() if "backward peak" in line)
+    assert TIED in row and "⬆️ worse" in row and "+4 B" in row
+    [change] = js["metrics"]
+    assert (change["cell"], change["metric"], change["old"], change["new"], change["regression"]) == (
+        TIED,
+        "backward peak",
+        92628,
+        92632,
+        True,
+    )
+
+
+def test_forward_peak_beyond_its_measured_jitter_is_a_regression(tmp_path: Path) -> None:
+    new = baseline_report()
+    find(new, MLP, "memory")["metrics"]["measured"]["forward"] = 2272 + 1100
+    status, text, _ = run(tmp_path, baseline_report(), new)
+    assert status == 1 and MLP in text and "forward peak" in text
+
+
+def test_more_collectives_is_a_regression_fewer_an_improvement(tmp_path: Path) -> None:
+    more = baseline_report()
+    find(more, TIED, "collectives")["metrics"]["forward all_gathers"]["actual"] = 7
+    find(more, TIED, "collectives")["metrics"]["forward all-gathered bytes"]["actual"] = 5704
+    status, text, js = run(tmp_path, baseline_report(), more)
+    assert status == 1
+    assert {m["metric"] for m in js["metrics"]} == {"forward all_gathers", "forward all-gathered bytes"}
+    assert "+2,176 (+62%)" in text
+
+    status, text, js = run(tmp_path, more, baseline_report())
+    assert status == 0 and "⬇️ better" in text and js["regressions"] == 0
+
+
+def test_timing_far_beyond_noise_is_a_regression(tmp_path: Path) -> None:
+    new = baseline_report()
+    for i in new["cells"]:
+        if i.get("cell") == MLP:
+            i["metrics"]["cell_run_s"] = 9.0 * 10
+    status, text, js = run(tmp_path, baseline_report(), new)
+    assert status == 1
+    [change] = js["metrics"]
+    assert (change["cell"], change["area"], change["metric"], change["kind"]) == (MLP, None, "cell_run_s", "timing")
+    assert "×10.00" in text
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "section", "status"),
+    [
+        ("passed", "failed", "Newly failing", 1),
+        ("xfailed", "failed", "Newly failing", 1),
+        ("passed", "error", "Newly erroring", 1),
+        ("failed", "error", "Newly erroring", 1),
+        ("failed", "passed", "Fixed", 0),
+        ("xfailed", "xpassed", "New XPASSes", 0),
+        ("passed", "unsupported", "Other outcome changes", 0),
+        ("passed", "xfailed", "Other outcome changes", 0),
+    ],
+)
+def test_outcome_changes(tmp_path: Path, old: str, new: str, section: str, status: int) -> None:
+    before, after = baseline_report(), baseline_report()
+    find(before, TIED, "numerics")["outcome"] = old
+    find(after, TIED, "numerics")["outcome"] = new
+    got, text, js = run(tmp_path, before, after)
+    assert got == status, text
+    assert f"### {section} (1)" in text
+    assert f"- `{TIED}` (numerics): {old} → {new}" in text
+    [change] = js["items"]
+    assert (change["cell"], change["area"], change["old"], change["new"]) == (TIED, "numerics", old, new)
+
+
+def test_new_and_vanished_items_are_named(tmp_path: Path) -> None:
+    old = baseline_report()
+    new = copy.deepcopy(old)
+    new["cells"] = [i for i in new["cells"] if i.get("cell") != MLP] + [item(TIED, "state_dict")]
+    status, text, js = run(tmp_path, old, new)
+    assert status == 0, text
+    assert f"### New items (1)\n\n- `{TIED}`: state_dict (passed)" in text
+    assert f"### Vanished items (2 items, 1 cells)\n\n- `{MLP}`: memory (passed), offload (passed)" in text
+    assert {(c["kind"], c["area"]) for c in js["items"]} == {
+        ("new item", "state_dict"),
+        ("vanished", "memory"),
+        ("vanished", "offload"),
+    }
+
+
+def test_a_new_item_that_fails_is_a_regression(tmp_path: Path) -> None:
+    new = baseline_report()
+    new["cells"].append(item(TIED, "state_dict", outcome="failed"))
+    status, text, _ = run(tmp_path, baseline_report(), new)
+    assert status == 1 and f"- `{TIED}` (state_dict): absent → failed" in text
+
+
+def test_markdown_to_stdout_and_report_files_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.json").write_text(json.dumps(baseline_report()))
+    assert main([str(tmp_path / "a.json"), str(tmp_path / "a.json")]) == 0
+    assert "## Runs compared" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "no such file"),
+        ("folder", "no report.json there"),
+        ("{not json", "not JSON"),
+        ('{"cells": [{"outcome": "passed"}]}', "not a report of the kit"),
+        ("[1, 2]", "not a report of the kit"),
+    ],
+)
+def test_unreadable_input_exits_4_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, says: str
+) -> None:
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(baseline_report()))
+    bad = tmp_path / "bad.json"
+    if content == "folder":
+        bad.mkdir()
+    elif content is not None:
+        bad.write_text(content)
+    assert main([str(good), str(bad)]) == 4
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ERROR: ") and says in err and str(bad) in err
+
+
+def test_the_module_runs_as_a_command(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "conformance.compare", str(tmp_path / "missing"), str(tmp_path / "missing")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 4
+    assert proc.stderr.strip().count("\n") == 0 and "no such file" in proc.stderr
+
+
+def test_history_pictures_every_night_in_order(tmp_path: Path) -> None:
+    nights = tmp_path / "nightly"
+    for name, started, backward in (
+        ("b", "2026-11-21T01:00:00+00:00", 92628),
+        ("a", "2026-11-22T01:00:00+00:00", 99000),
+    ):
+        rep = baseline_report()
+        rep["started"] = started
+        find(rep, TIED, "memory")["metrics"]["measured"]["backward"] = backward
+        (nights / name).mkdir(parents=True)
+        (nights / name / "report.json").write_text(json.dumps(rep))
+    (nights / "killed").mkdir()  # a run that never wrote report.json is left out
+    runs = history.nights(nights)
+    assert [n.label for n in runs] == ["b", "a"]  # by the report's start, not the folder's name
+    assert history.series(runs, "backward peak")[TIED] == [92628, 99000]
+    assert main(["--history", str(nights)]) == 0
+    assert (nights / "history.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["--history", str(tmp_path / "empty")]) == 4
+
+
+def test_run_time_baseline_writes_compare_json_and_appends_to_summary(tmp_path: Path) -> None:
+    """What --baseline adds at session end: the Reporter, fed the items of a run by hand."""
+    old = baseline_report()
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    session = SessionInfo("gloo", 2, "ci", False, ROOT / "xfails.toml", True)
+    reporter = Reporter(tmp_path / "report", session, baseline=tmp_path / "old.json")
+    new = [i for i in copy.deepcopy(old["cells"]) if "cell" in i]
+    find({"cells": new}, TIED, "numerics")["outcome"] = "failed"
+    for rec in new:
+        reporter.records[rec["id"]] = rec
+    reporter.pytest_sessionfinish(None, 1)  # type: ignore[arg-type]
+    written = json.loads((tmp_path / "report" / "compare.json").read_text())
+    assert written["regressions"] == 1
+    assert {(c["kind"], c["cell"]) for c in written["items"]} == {
+        ("newly failing", TIED),
+        ("vanished", None),  # the generated model's item, not run here
+    }
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert summary.startswith("# Thunder distributed conformance")
+    assert f"## Runs compared\n\n- old: `{tmp_path / 'old.json'}`" in summary
+    assert f"- `{TIED}` (numerics): passed → failed" in summary
+
+
+def test_comparison_json_round_trips() -> None:
+    comparison = compare(baseline_report(), baseline_report())
+    assert json.loads(json.dumps(comparison.to_json()))["thresholds"]["memory: forward peak"].startswith("more than")

@@ -1,0 +1,181 @@
+"""The real suite through pytest, read back from every report it writes."""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conformance.checks.registry import AREAS, applies
+from conformance.matrix.axes import axis_values
+from conformance.matrix.cells import AXES, QUIET_DEFAULTS
+from conformance.matrix.coverage import unmet_pairs
+from conformance.matrix.profiles import BOUNDARY_WORLD_SIZES, cells
+from conformance.matrix.simulated import sampled_ranks
+from fixtures.compositions import COMPOSITIONS
+from fixtures.offloads import POLICIES
+from tests.support.suite_runs import ROOT, SuiteRun, run_suite, unsupported_values
+
+pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
+    return run_suite(tmp_path_factory.mktemp("e2e"))
+
+
+def unsupported(run: SuiteRun) -> dict[str, str]:
+    """Probed value -> reason, as the cells reported unsupported say (the worlds' probe)."""
+    return unsupported_values(run.report)
+
+
+def test_every_cell_conforms_or_is_a_recorded_exception(suite: SuiteRun) -> None:
+    assert suite.returncode == 0, suite.output
+    # the legacy composition was removed from Thunder 0.2.1 on; nvFuser and torch.compile need CUDA
+    assert set(unsupported(suite)) == {"legacy_jit_fsdp", "nvfuser", "torchcompile"}
+    selected = cells("ci", 2, unsupported(suite))
+    for area in AREAS:
+        outcomes = suite.outcomes(area)
+        assert set(outcomes) == {c.id for c in selected if applies(c, area)}
+        for cell in selected:
+            if not applies(cell, area):
+                continue
+            if {cell.composition, cell.executors} & set(unsupported(suite)):
+                assert outcomes[cell.id] == "unsupported"
+            else:
+                assert outcomes[cell.id] in ("passed", "xfailed"), (cell.id, area)
+    for item in suite.report["cells"]:
+        if item["outcome"] == "xfailed":
+            assert item["xfail_reason"] and "[expected: xfails]" in item["message"]
+            # its findings, as a failure's message reads: not the kit's frames and locals
+            assert item["message"].startswith(f"{item['cell']} does not conform"), item["message"][:200]
+
+
+def test_report_covers_every_axis_value_and_pair_that_runs(suite: SuiteRun) -> None:
+    assert suite.report["profile"] == "ci"
+    coverage = suite.report["coverage"]
+    for axis, values in axis_values(2).items():
+        assert set(coverage[axis]) >= set(map(str, values)), axis
+        assert all(n > 0 for v, n in coverage[axis].items() if v not in unsupported(suite)), axis
+    assert coverage["composition"]["legacy_jit_fsdp"] == 0  # its one cell is unsupported: it ran nothing
+    simulated_sizes = {str(c.world_size) for c in cells("ci", 2, unsupported(suite)) if c.simulated}
+    assert simulated_sizes and set(coverage["world_size"]) == {"2", *map(str, BOUNDARY_WORLD_SIZES), *simulated_sizes}
+    # the only pairs that met in no cell that ran are those of the unsupported values
+    assert suite.report["unmet_pairs"]
+    assert all(set(p.values()) & set(unsupported(suite)) for p in suite.report["unmet_pairs"])
+    ran = [
+        c
+        for c in cells("ci", 2, unsupported(suite))
+        if c.composition not in unsupported(suite) and c.executors not in unsupported(suite)
+    ]
+    assert suite.report["unmet_pairs"] == unmet_pairs(ran, 2, profile="ci")
+    assert "composition=legacy_jit_fsdp ran in no cell" in suite.summary
+
+
+def test_reports_agree_with_junit(suite: SuiteRun) -> None:
+    junit = {}
+    for case in suite.junit.iter("testcase"):
+        nodeid = f"{case.get('classname').replace('.', '/')}.py::{case.get('name')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            junit[nodeid] = "failed"
+        elif case.find("skipped") is not None:
+            junit[nodeid] = "not run"  # JUnit has one word for xfail and unsupported
+        else:
+            junit[nodeid] = "passed"
+    report = {c["id"]: c["outcome"] for c in suite.report["cells"]}
+    as_junit = {
+        k: {"xfailed": "not run", "unsupported": "not run", "xpassed": "passed"}.get(v, v) for k, v in report.items()
+    }
+    streamed = {c["id"]: c["outcome"] for c in suite.jsonl}
+    assert as_junit == junit
+    assert report == streamed
+    assert suite.report["counts"] == dict(collections.Counter(report.values()))
+
+
+def test_junit_carries_each_cells_axes(suite: SuiteRun) -> None:
+    cases = [c for c in suite.junit.iter("testcase") if "generated" not in c.get("name")]
+    assert len(cases) == sum(applies(c, a) for c in cells("ci", 2, unsupported(suite)) for a in AREAS)
+    for case in cases:
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        simulated = case.get("name").endswith("sim]")  # a simulated cell says so in its axes too
+        axes = set(json.loads(props["axes"])) - set(QUIET_DEFAULTS)  # written where not at their default
+        assert axes == set(AXES) - set(QUIET_DEFAULTS) | ({"simulated"} if simulated else set())
+
+
+def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
+    env = suite.report["environment"]
+    assert env["backend"] == "gloo" and env["world_size"] == 2
+    assert env["thunder"] and env["torch"]
+    ci = cells("ci", 2, unsupported(suite))
+    # one healthy world per world size serves every real cell, one simulated world every simulated one
+    worlds = {c.world_size for c in ci if not c.simulated} | ({"simulated"} if any(c.simulated for c in ci) else set())
+    assert suite.report["worlds_started"] == len(worlds), "one healthy world per kind must serve every cell"
+    offloading: collections.Counter[str] = collections.Counter()  # policy -> most tensors one cell offloaded
+    for cell in suite.report["cells"]:
+        if "generated" in cell["id"]:  # examples of generated models are not cells of the matrix
+            continue
+        if cell["axes"].get("simulated"):  # its sampled ranks and metrics: tests/unit/test_scale.py
+            assert [r["rank"] for r in cell["ranks"]] == list(sampled_ranks(cell["axes"]["world_size"]))
+            continue
+        # an axis added later is left out of the axes written at its default
+        assert set(AXES) - set(QUIET_DEFAULTS) <= set(cell["axes"]) <= set(AXES)
+        assert [r["rank"] for r in cell["ranks"]] == list(range(cell["axes"]["world_size"]))
+        metrics = cell["metrics"]
+        if cell["outcome"] != "passed":
+            continue
+        if cell["area"] == "numerics" and cell["axes"]["dtype"] == "float32":
+            errors = {k: v for k, v in metrics.items() if k.startswith("gradients at step") and "max_abs_err" in k}
+            assert len(errors) == 6 and max(errors.values()) < 1e-4, errors  # every step compared
+        if cell["area"] == "collectives":
+            fwd = metrics["forward all_gathers"]
+            # FSDP gathers in the forward; DDP, every rank holding the whole model, gathers nothing
+            gathers = not COMPOSITIONS[cell["axes"]["composition"]].replicated
+            assert fwd["expected"] == fwd["actual"] and (fwd["actual"] > 0) == gathers
+        if cell["area"] == "offload":
+            assert metrics["offloaded"]["expected"] == metrics["offloaded"]["actual"]
+            policy = cell["axes"]["offload"]
+            offloading[policy] = max(offloading[policy], metrics["offloaded"]["actual"])
+        if cell["area"] == "memory":
+            for phase in ("setup", "forward", "backward"):
+                peak = metrics[f"{phase} peak"]
+                assert 0 < peak["measured"] <= peak["bound"] and peak["estimate"] > 0, (cell["id"], phase, peak)
+    assert set(offloading) == set(POLICIES) - {"none"} and all(offloading.values()), offloading
+
+
+def test_summary_shows_every_cell(suite: SuiteRun) -> None:
+    lines = suite.summary.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| model |"))
+    table = lines[header + 2 : lines.index("", header)]
+    assert len(table) == len(cells("ci", 2, unsupported(suite)))
+    assert "## Memory: bound / measured per cell" in suite.summary
+    assert "![measured against estimated memory](memory.png)" in suite.summary
+    assert (suite.report_dir / "memory.png").read_bytes().startswith(b"\x89PNG")
+    assert f"{suite.report['counts']['passed']} passed" in suite.summary
+    assert "## Known non-conformances" in suite.summary
+
+
+def test_isolate_starts_a_world_per_cell(tmp_path) -> None:
+    run = run_suite(tmp_path, "--isolate", "--profile", "smoke", "-k", "not generated")
+    assert run.returncode == 0, run.output
+    assert run.report["worlds_started"] == len(cells("smoke", 2, {}))
+
+
+def test_each_xdist_worker_owns_a_world(tmp_path) -> None:
+    run = run_suite(tmp_path, "-n", "2", "--dist", "loadgroup", "--profile", "smoke", "-k", "not generated")
+    assert run.returncode == 0, run.output
+    assert len(run.report["cells"]) == sum(applies(c, a) for c in cells("smoke", 2, {}) for a in AREAS)
+    assert run.report["worlds_started"] >= 1
+    # loadgroup keeps both areas of a cell on one worker, so both read one run of it
+    runs = collections.defaultdict(set)
+    for item in run.report["cells"]:
+        runs[item["cell"]].add(item["metrics"]["cell_run_s"])
+    assert all(len(r) == 1 for r in runs.values()), runs
+
+
+@pytest.mark.parametrize("bad", [["--backend", "bogus"], ["--nproc", "0"]])
+def test_usage_error_exits_with_pytests_usage_status(bad: list[str]) -> None:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "conformance", *bad], cwd=ROOT, capture_output=True)
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR

@@ -1,0 +1,103 @@
+"""The runner under faults: every way a rank can stop answering ends in a verdict that names
+the rank, within the cell timeout plus a few seconds, and the next cell runs in a fresh world."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from conformance.world import protocol
+from conformance.world.controller import World
+from conformance.world.launch import LaunchSpec
+
+pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
+
+TIMEOUT = 10.0
+SLACK = 8.0  # stack collection, killing the world; a world start is not counted
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    w = World(LaunchSpec(nproc=2, backend="gloo"), base_dir=tmp_path_factory.mktemp("worlds"), failure_grace=3.0)
+    yield w
+    w.close()
+
+
+def run(world: World, fn: str, **kwargs: object) -> protocol.Task:
+    return world.run(protocol.Task(f"tests.support.faulty_programs:{fn}", kwargs), timeout=TIMEOUT)
+
+
+def test_healthy_tasks_reuse_one_world(world: World) -> None:
+    first = run(world, "healthy")
+    second = run(world, "healthy")
+    assert first.ok and second.ok, first.describe() + second.describe()
+    assert [v["sum"] for v in second.values] == [2.0, 2.0]
+    assert second.startup == 0.0, "a healthy world must be reused"
+    assert [v["pid"] for v in first.values] == [v["pid"] for v in second.values]
+
+
+FAULTS = [
+    # (program, kwargs, culprit rank, its status, what its account must say, the peer's status)
+    ("raise_on", {"rank": 1}, 1, protocol.FAILED, "planted failure on rank 1", protocol.ABORTED),
+    ("hang_on", {"rank": 0}, 0, protocol.TIMEOUT, "cell timeout", protocol.PASSED),
+    ("sigkill_on", {"rank": 1}, 1, protocol.DIED, "signal SIGKILL", None),
+    ("exit_on", {"rank": 0, "code": 3}, 0, protocol.DIED, "exited with code 3", None),
+    ("segfault_on", {"rank": 1}, 1, protocol.DIED, "signal SIGSEGV", None),
+    ("unserializable", {}, 0, protocol.FAILED, "not JSON serializable", protocol.FAILED),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "kwargs", "culprit", "status", "says", "peer_status"), FAULTS, ids=[f[0] for f in FAULTS]
+)
+def test_fault_is_reported_and_the_next_cell_passes(
+    world: World, fn: str, kwargs: dict, culprit: int, status: str, says: str, peer_status: str | None
+) -> None:
+    run(world, "healthy")  # the fault must not be charged with a world start
+    began = time.monotonic()
+    outcome = run(world, fn, **kwargs)
+    elapsed = time.monotonic() - began
+
+    assert not outcome.ok
+    assert elapsed < TIMEOUT + SLACK, f"took {elapsed:.1f}s"
+    blamed = outcome.culprits()[0]
+    assert (blamed.rank, blamed.status) == (culprit, status), outcome.describe()
+    assert says in blamed.error, outcome.describe()
+    if peer_status is not None:
+        assert outcome.results[1 - culprit].status == peer_status, outcome.describe()
+    assert f"rank {culprit}: {status}" in outcome.describe()
+
+    after = run(world, "healthy")
+    assert after.ok, after.describe()
+    assert after.startup > 0.0, "a world that saw a fault must be replaced"
+
+
+def test_hanging_rank_is_shown_where_it_hangs(world: World) -> None:
+    outcome = run(world, "hang_on", rank=1)
+    stacks = outcome.results[1].stacks or ""
+    assert "in hang_on" in stacks, outcome.describe()
+
+
+def test_waiting_peer_is_shown_in_its_collective(world: World) -> None:
+    outcome = run(world, "raise_on", rank=0)
+    assert "all_reduce" in (outcome.results[1].stacks or ""), outcome.describe()
+    assert "ValueError: planted failure on rank 0" in outcome.results[0].error
+
+
+def test_segfault_leaves_the_python_stack_in_the_rank_log(world: World) -> None:
+    outcome = run(world, "segfault_on", rank=0)
+    assert "Segmentation fault" in (outcome.results[0].log_tail or ""), outcome.describe()
+    assert "segfault_on" in outcome.results[0].log_tail
+
+
+def test_world_that_cannot_start_fails_the_cell_not_the_session(tmp_path) -> None:
+    broken = World(LaunchSpec(nproc=2, backend="no-such-backend"), base_dir=tmp_path, start_timeout=60)
+    try:
+        outcome = broken.run(protocol.Task("tests.support.faulty_programs:healthy"), timeout=TIMEOUT)
+    finally:
+        broken.close()
+    assert not outcome.ok
+    assert "the world did not start" in outcome.results[0].error
+    assert "no-such-backend" in outcome.results[0].error.lower()
