@@ -12,8 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from conformance.reports.compare import UnreadableReport, compare, read_report
-from conformance.reports.compare_markdown import markdown
+from conformance.reports.comparison import UnreadableReport, compare, read_report
+from conformance.reports.comparison_markdown import markdown
 from conformance.reports.history import history_figure, nights
 
 USAGE_ERROR = 4

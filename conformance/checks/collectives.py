@@ -1,7 +1,7 @@
 """Collectives: what Thunder put into its final forward and backward execution traces,
 counted through bound symbols, against what the model's structure implies.
 
-Expectations come from the eager reference model: one all-gather per bucket in the forward,
+Expectations come from the eager model: one all-gather per bucket in the forward,
 one reduce-scatter per bucket of trainable storages in the backward, a re-gather of every
 bucket in the backward only under ZERO3, and no all-reduce anywhere. Without bucketing a
 bucket is one distinct parameter storage (a tied weight is one storage, however many names
@@ -174,8 +174,8 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
     found.metrics[SEQUENCE] = in_order
     found.metrics[f"{SEQUENCE} digest"] = hashlib.sha1("\n".join(in_order).encode()).hexdigest()[:16]
     replicated = COMPOSITIONS[cell.composition].replicated
-    expected = expected_counts(run.reference, cell.sharding, cell.bucketing, replicated)
-    alternatives = alternative_counts(run.reference, cell.sharding, cell.bucketing, replicated)
+    expected = expected_counts(run.eager_model, cell.sharding, cell.bucketing, replicated)
+    alternatives = alternative_counts(run.eager_model, cell.sharding, cell.bucketing, replicated)
     for phase, found_in in symbols.items():
         for kind in KINDS:
             got = len(found_in[kind])
@@ -188,7 +188,7 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
         twice = sorted(name for name, n in gathered.items() if n > 1)
         with found.expect(f"{phase} gathers each storage once"):
             assert not twice, f"gathered more than once: {twice}"
-    storages = distinct_storages(run.reference).values()
+    storages = distinct_storages(run.eager_model).values()
     gathered_bytes = 0 if replicated else sum(padded_bytes(p, run.cell.world_size) for p in storages)
     found.equal("forward all-gathered bytes", _out_bytes(symbols["forward"]["all_gather"]), gathered_bytes)
     record = getattr(run, "scenario", None)

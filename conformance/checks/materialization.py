@@ -2,7 +2,7 @@
 the init mode promises.
 
 Every parameter keeps eager's ``requires_grad`` (a frozen base stays frozen). State-dict and
-real inits must reproduce the seeded reference bit for bit. Module init draws
+real inits must reproduce the seeded eager model bit for bit. Module init draws
 fresh values, so those are held to what each parameter's module draws in eager PyTorch
 (``conformance/checks/draws.py``, every expectation derived from a fresh eager model): every
 value within the bounds of its distribution (uniform: [lo, hi]; normal: mean ± 6.5·std;
@@ -35,15 +35,15 @@ def check(run: CellRecord) -> Findings:
     with found.expect("placement"):
         wrong = {n: d for n, d in setup.placement.items() if d not in ("meta", str(run.device))}
         assert not wrong, f"expected every tensor on {run.device}, found {wrong}"
-    if run.init.values_from_reference:
-        found.close("initial parameters", setup.initial, setup.reference_initial, rtol=0.0, atol=0.0)
+    if run.init.values_from_eager:
+        found.close("initial parameters", setup.initial, setup.eager_initial, rtol=0.0, atol=0.0)
     else:
         _like_module_init(run, found)
     # module init draws the buffers eager draws at random (held to a fresh draw, like a
     # parameter); every other buffer must be eager's, bit for bit
-    drawn = {} if run.init.values_from_reference else _buffer_draws(run, found)
+    drawn = {} if run.init.values_from_eager else _buffer_draws(run, found)
     kept = {n: t for n, t in setup.buffers.items() if n not in drawn}
-    eager = {n: t for n, t in setup.reference_buffers.items() if n not in drawn}
+    eager = {n: t for n, t in setup.eager_buffers.items() if n not in drawn}
     found.close("buffers", kept, eager, rtol=0.0, atol=0.0)
     with found.expect("buffers on every rank"):
         assert not setup.buffers_unlike_rank0, f"differ from rank 0's: {setup.buffers_unlike_rank0}"
@@ -51,7 +51,7 @@ def check(run: CellRecord) -> Findings:
         # a frozen parameter must stay frozen (and a trainable one trainable) through sharding
         # and materialization: eager's requires_grad, name by name
         wrong = {}
-        for name, p in run.reference.named_parameters():
+        for name, p in run.eager_model.named_parameters():
             try:
                 ours = run.thunder_module.get_parameter(name).requires_grad
             except AttributeError:
@@ -65,13 +65,13 @@ def check(run: CellRecord) -> Findings:
 def _like_module_init(run: CellRecord, found: Findings) -> None:
     fixture = fixture_for(run.cell.model, run.cell.spec)
     expected = draws.expectations(lambda: fixture.build(run.cell.tie == "tied"))
-    initial, reference = run.setup.initial, run.setup.reference_initial
+    initial, eager_model = run.setup.initial, run.setup.eager_initial
     worst, compared, too_small = 0.0, 0, 0
     for name in [*expected, *(n for n in initial if n not in expected)]:
         exp, value = expected.get(name), initial.get(name)
         with found.expect(f"initial parameters [{name}]"):
             assert exp is not None, "not a parameter of the eager model"
-            dtype = reference[name].dtype if name in reference else run.dtype
+            dtype = eager_model[name].dtype if name in eager_model else run.dtype
             failure, ratio = initial_values.check_values(value, exp, dtype)
             worst = max(worst, ratio or 0.0)
             assert failure is None, failure
@@ -95,8 +95,8 @@ def _buffer_draws(run: CellRecord, found: Findings) -> dict[str, draws.Expectati
     expected = draws.buffer_expectations(lambda: fixture.build(run.cell.tie == "tied"))
     for name, exp in expected.items():
         with found.expect(f"initial buffers [{name}]"):
-            reference = run.setup.reference_buffers.get(name)
-            dtype = reference.dtype if reference is not None else run.dtype
+            eager_model = run.setup.eager_buffers.get(name)
+            dtype = eager_model.dtype if eager_model is not None else run.dtype
             failure, _ = initial_values.check_values(run.setup.buffers.get(name), exp, dtype)
             assert failure is None, failure
     return expected

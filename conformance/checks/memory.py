@@ -3,7 +3,7 @@ arithmetic and from eager PyTorch, never from the traces of the Thunder under te
 
 Measured on every rank by the rank side (``conformance/rank/measure.py``): setup's peak; a
 census of every live storage after setup; and, by a ledger of what the Thunder module's
-work allocates from the end of setup on (the eager reference's work in between is not
+work allocates from the end of setup on (the eager model's work in between is not
 counted), the peak of the measured step's forward and backward, every optimizer step's
 peak, and what is held after every backward and every step.
 
@@ -106,7 +106,7 @@ def _setup_bound(run: CellRecord | SimulatedRecord, model: Terms, estimate: int)
     makes of the largest module; under real init the estimate with its factor."""
     if run.init.on_meta:
         world = run.cell.world_size
-        return model.resident + MATERIALIZATION_COPIES * largest_module_bytes(run.reference, world, run.device)
+        return model.resident + MATERIALIZATION_COPIES * largest_module_bytes(run.eager_model, world, run.device)
     return int(ESTIMATE_FACTOR * estimate)
 
 
@@ -117,12 +117,12 @@ def _late_release(run: CellRecord) -> int:
     gloo only."""
     if run.backend != "gloo" or replicated(run):  # DDP gathers nothing
         return 0
-    storages = distinct_storages(run.reference)
+    storages = distinct_storages(run.eager_model)
     world = run.cell.world_size
     return max(
         (
             allocations((padded_bytes(storages[n], world) for n in names), run.device)
-            for names in buckets(run.reference, run.cell.bucketing).values()
+            for names in buckets(run.eager_model, run.cell.bucketing).values()
         ),
         default=0,
     )

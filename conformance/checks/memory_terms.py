@@ -67,24 +67,24 @@ def setup_estimate(run: CellRecord | SimulatedRecord, resident: int) -> int:
     """The peak of setup by the model's arithmetic, for the cell's init mode.
 
     Real init builds the whole model as eager PyTorch does (its peak measured when the kit
-    built the reference: construction is the user's code, not Thunder's), then shards one
+    built the eager model: construction is the user's code, not Thunder's), then shards one
     parameter at a time: cut from a padded copy and cloned, the originals released at the
     end. Meta init materializes one module's tensors at a time, pads a copy of each to cut
     its shard from, and keeps only the shards (``resident`` in the end: shards and buffers);
     from a transformed (already sharded) state dict only shards are made.
     """
     world, device = held_world(run), run.device
-    reference = run.reference
+    eager_model = run.eager_model
     if run.init.on_meta:
         if plan(run.cell).materialize == "transformed":
             return resident
-        return resident + 2 * largest_module_bytes(reference, world, device)
+        return resident + 2 * largest_module_bytes(eager_model, world, device)
     # then parameter by parameter: a padded copy (where dim 0 needs padding) to cut the shard
     # from, the shard cloned into the new parameter; the originals are released once all
     # shards are cut (FSDP walks a list that holds them). Each one allocation (rounded on CUDA).
-    params = distinct_storages(reference).values()
+    params = distinct_storages(eager_model).values()
     live = sharding = allocations((p.nbytes for p in params), device) + allocations(
-        (b.nbytes for b in reference.buffers()), device
+        (b.nbytes for b in eager_model.buffers()), device
     )
     for p in params:
         whole, padded = p.nbytes, padded_bytes(p, world)
@@ -119,17 +119,17 @@ class Terms:
 
 
 def terms(run: CellRecord | SimulatedRecord) -> Terms:
-    reference, world, device = run.reference, held_world(run), run.device
+    eager_model, world, device = run.eager_model, held_world(run), run.device
     # one gradient shard per trainable storage (on CUDA a block each; views of one reduce-
     # scattered bucket round up less, so this stays an upper bound)
-    gradient_shards = shard_bytes(reference, world, device, trainable_only=True)
+    gradient_shards = shard_bytes(eager_model, world, device, trainable_only=True)
     return Terms(
-        shards=shard_bytes(reference, world, device),
-        buffers=allocations(_counted(reference.buffers()), device),
+        shards=shard_bytes(eager_model, world, device),
+        buffers=allocations(_counted(eager_model.buffers()), device),
         # what the forward's all-gathers produce: nothing where every rank holds whole parameters
         unsharded=0
         if replicated(run)
-        else allocations((padded_bytes(p, world) for p in distinct_storages(reference).values()), device),
+        else allocations((padded_bytes(p, world) for p in distinct_storages(eager_model).values()), device),
         gradient_shards=gradient_shards,
         # exp_avg and exp_avg_sq: one allocation each per trainable shard. The 0-d step
         # counters: torch.optim.AdamW keeps them on the CPU unless capturable or fused
@@ -148,30 +148,30 @@ def _gradient_bucket_bytes(run: CellRecord | SimulatedRecord) -> int:
     finding of the collectives area that its xfails entry names) and so holds no buffer:
     counting the buffers there would give the held bounds their bytes of slack, in which a
     copy of the largest parameter or a leak per step hides."""
-    reference, bucketing = run.reference, run.cell.bucketing
-    if not replicated(run) or ddp_bucket_mb(reference, bucketing) <= 0:
+    eager_model, bucketing = run.eager_model, run.cell.bucketing
+    if not replicated(run) or ddp_bucket_mb(eager_model, bucketing) <= 0:
         return 0
-    packed = ddp_buckets(reference, bucketing)
-    gradients = len(distinct_storages(reference, trainable_only=True))
+    packed = ddp_buckets(eager_model, bucketing)
+    gradients = len(distinct_storages(eager_model, trainable_only=True))
     traces = getattr(run, "traces", None)
     backward = traces.backward if traces is not None else None
     packable = len(packed) != gradients
     if backward is not None and packable and len(collective_symbols(backward)["all_reduce"]) == gradients:
         return 0
-    sizes = {n: p.numel() * p.element_size() for n, p in reference.named_parameters()}
+    sizes = {n: p.numel() * p.element_size() for n, p in eager_model.named_parameters()}
     return allocations((sum(sizes[n] for n in bucket) for bucket in packed), run.device)
 
 
 def _handed_over_bytes(run: CellRecord | SimulatedRecord) -> int:
-    """Bytes of the state dict the kit handed over: the reference's own (each entry a copy),
+    """Bytes of the state dict the kit handed over: the eager model's own (each entry a copy),
     or this rank's shards of it (tied duplicates left out) with the persistent buffers."""
     kind, device = plan(run.cell).handed_over, run.device
-    state = run.reference.state_dict()
+    state = run.eager_model.state_dict()
     if kind == "original":
         return allocations(_counted(state.values()), device)
     if kind == "transformed":
-        duplicates = tied_duplicates(run.reference)
-        params = {n for n, _ in run.reference.named_parameters()}
+        duplicates = tied_duplicates(run.eager_model)
+        params = {n for n, _ in run.eager_model.named_parameters()}
         world = run.cell.world_size
         return sum(
             piece_bytes(padded_bytes(t, world), world, device) if n in params else allocated_bytes(t.nbytes, device)

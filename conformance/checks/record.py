@@ -28,9 +28,9 @@ class SetupRecord:
 
     placement: dict[str, str]  # device of every parameter and buffer of the Thunder module
     initial: Tensors  # full parameters, gathered from the shards
-    reference_initial: Tensors  # the eager reference's parameters
+    eager_initial: Tensors  # the eager model's parameters
     buffers: Tensors  # the Thunder module's buffers
-    reference_buffers: Tensors  # the eager reference's, as built (before it adopts any of Thunder's)
+    eager_buffers: Tensors  # the eager model's, as built (before it adopts any of Thunder's)
     # buffers whose value on this rank differs from rank 0's (a buffer is replicated, never
     # sharded: every rank must compute with the same one)
     buffers_unlike_rank0: list[str] = dataclasses.field(default_factory=list)
@@ -41,8 +41,8 @@ class ParametersAfter:
     """Full parameters after an optimizer step."""
 
     thunder: Tensors  # gathered from the shards
-    reference: Tensors  # the eager reference, trained on every rank's batch
-    golden: Tensors | None = None  # the float32 twin (low-precision cells)
+    eager_model: Tensors  # the eager model, trained on every rank's batch
+    twin: Tensors | None = None  # the float32 twin (low-precision cells)
 
 
 @dataclasses.dataclass
@@ -61,12 +61,12 @@ class StepRecord:
 
     optimizer: str  # which optimizer took the step
     output: torch.Tensor  # this rank's output from the Thunder module
-    reference_output: torch.Tensor  # eager output on the same input
+    eager_output: torch.Tensor  # eager output on the same input
     grads: Tensors  # full (unsharded) gradients gathered from every rank's shard
-    reference_grads: Tensors
+    eager_grads: Tensors
     after: ParametersAfter
-    golden_output: torch.Tensor | None = None  # float32 twin of the reference (low-precision cells)
-    golden_grads: Tensors | None = None
+    twin_output: torch.Tensor | None = None  # float32 twin of the eager model (low-precision cells)
+    twin_grads: Tensors | None = None
     # the float32 twin's output and gradients at the weights the Thunder module held as the
     # step began (low-precision cells): less the twin's own, what the parameters' allowed drift
     # makes of this step's
@@ -78,8 +78,8 @@ class StepRecord:
     # buffers after the step: this rank's Thunder module's, and what eager made of this rank's
     # micro-batches alone (a buffer the forward updates, such as running statistics, is per rank)
     buffers: Tensors = dataclasses.field(default_factory=dict)
-    reference_buffers: Tensors = dataclasses.field(default_factory=dict)
-    golden_buffers: Tensors | None = None
+    eager_buffers: Tensors = dataclasses.field(default_factory=dict)
+    twin_buffers: Tensors | None = None
 
 
 @dataclasses.dataclass
@@ -88,7 +88,7 @@ class StateDictRecord:
 
     original: Tensors  # tm.original_state_dict() after training
     buffers: Tensors  # the Thunder module's buffers at that point, read by the kit
-    reference: Tensors  # the eager reference's state dict at the same point
+    eager_model: Tensors  # the eager model's state dict at the same point
     loaded: Tensors  # what was handed to load_original_state_dict (the initial parameters)
     reloaded: Tensors  # full parameters after loading, gathered from the shards
     # full parameters gathered by the kit when original_state_dict() was taken: a scenario
@@ -168,12 +168,12 @@ class ScenarioRecord:
 
     scenario: str  # the cell's ``scenario`` axis value
     output: torch.Tensor | None = None  # this rank's output from the Thunder module
-    reference_output: torch.Tensor | None = None
-    golden_output: torch.Tensor | None = None
+    eager_output: torch.Tensor | None = None
+    twin_output: torch.Tensor | None = None
     requires_grad: bool | None = None  # whether that output asked for a gradient
     grads: Tensors | None = None  # full gradients after the scenario's backward(s), gathered
-    reference_grads: Tensors | None = None
-    golden_grads: Tensors | None = None
+    eager_grads: Tensors | None = None
+    twin_grads: Tensors | None = None
     # below float32: eager's gradients of each rank's own loss in the cell's dtype
     # (numerics.tolerances.Local), where the scenario's gradients are one reduction of the ranks'
     local: RankGradients | None = None
@@ -195,7 +195,7 @@ class SimulatedRecord:
 
     cell: Cell
     rank: int  # the rank this process acted as
-    reference: nn.Module  # the model on the meta device: shapes and ties, no values
+    eager_model: nn.Module  # the model on the meta device: shapes and ties, no values
     thunder_module: Any  # live: its shards (one forward and backward ran)
     memory: SimulatedMemory
     timings: dict[str, float]
@@ -219,7 +219,7 @@ class CellRecord:
     device: torch.device
     dtype: torch.dtype
     backend: str
-    reference: nn.Module  # eager single-process model, stepped alongside
+    eager_model: nn.Module  # eager single-process model, stepped alongside
     thunder_module: Any  # live, for its shards
     traces: FinalTraces  # Thunder's forward and backward traces of the training steps
     setup: SetupRecord
@@ -232,11 +232,11 @@ class CellRecord:
     @property
     def before(self) -> ParametersAfter:
         """Full parameters right after setup, as the first step starts from them (under
-        module init the reference adopted Thunder's; the float32 twin starts from the
-        reference's values, upcast)."""
-        ref = self.setup.reference_initial if self.init.values_from_reference else self.setup.initial
-        golden = {n: t.float() for n, t in ref.items()} if self.dtype != torch.float32 else None
-        return ParametersAfter(thunder=self.setup.initial, reference=ref, golden=golden)
+        module init the eager model adopted Thunder's; the float32 twin starts from the
+        eager model's values, upcast)."""
+        ref = self.setup.eager_initial if self.init.values_from_eager else self.setup.initial
+        twin = {n: t.float() for n, t in ref.items()} if self.dtype != torch.float32 else None
+        return ParametersAfter(thunder=self.setup.initial, eager_model=ref, twin=twin)
 
     @property
     def init(self) -> inits.InitMode:

@@ -35,7 +35,7 @@ def check(run: SimulatedRecord) -> Findings:
     found = Findings()
     world, rank = run.cell.world_size, run.rank
     tm = run.thunder_module
-    for name, full in distinct_storages(run.reference).items():
+    for name, full in distinct_storages(run.eager_model).items():
         chunk = patterns.chunk_rows(full.shape[0], world)
         want_shape = (chunk, *full.shape[1:])
         with found.expect(f"shard [{name}]"):
@@ -60,14 +60,14 @@ def check(run: SimulatedRecord) -> Findings:
                     f"expected rows {rows.start}..{rows.stop - 1}"
                 )
     held_bytes = sum(p.numel() * p.element_size() for p in tm.parameters())
-    found.equal("shard bytes", held_bytes, shard_bytes(run.reference, world))
+    found.equal("shard bytes", held_bytes, shard_bytes(run.eager_model, world))
     # the model's shapes, for the reports to draw its arithmetic at every world size
     found.metrics["model"] = {
         "storages": [
             {"shape": list(p.shape), "element_size": p.element_size()}
-            for p in distinct_storages(run.reference).values()
+            for p in distinct_storages(run.eager_model).values()
         ],
-        "buffer bytes": sum(b.nbytes for b in run.reference.buffers()),
+        "buffer bytes": sum(b.nbytes for b in run.eager_model.buffers()),
     }
     return found
 

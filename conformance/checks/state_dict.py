@@ -22,16 +22,16 @@ from conformance.checks.storages import tied_duplicates
 def check(run: CellRecord) -> Findings:
     found = Findings()
     record = run.state_dict
-    duplicates = tied_duplicates(run.reference)
-    expected = {k: v for k, v in record.reference.items() if k not in duplicates}
+    duplicates = tied_duplicates(run.eager_model)
+    expected = {k: v for k, v in record.eager_model.items() if k not in duplicates}
     # the shards gathered by the kit when original_state_dict() was taken
     gathered = {**record.buffers, **(record.gathered or run.steps[-1].after.thunder)}
     on_shards = {k: v for k, v in gathered.items() if k in expected}
-    _entries(found, "original_state_dict", record.original, on_shards, set(expected), set(record.reference))
+    _entries(found, "original_state_dict", record.original, on_shards, set(expected), set(record.eager_model))
     found.close("load_original_state_dict round trip", record.reloaded, record.loaded, rtol=0.0, atol=0.0)
     if run.scenario is not None:
         for resumed in run.scenario.resumed:
-            judge_resumed(found, resumed, set(record.reference))
+            judge_resumed(found, resumed, set(record.eager_model))
     return found
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.reports.compare import UnreadableReport, metrics, read_report
+from conformance.reports.comparison import UnreadableReport, metrics, read_report
 from conformance.reports.noise import MEMORY, noise
 
 

@@ -18,7 +18,7 @@ StateDictKind = Literal["original", "transformed"]
 @dataclasses.dataclass(frozen=True)
 class SetupPlan:
     # how MaterializationTransform initializes: each module's reset_parameters ("module"),
-    # or from the reference's state dict, unsharded ("original") or sharded ("transformed")
+    # or from the eager model's state dict, unsharded ("original") or sharded ("transformed")
     materialize: Literal["module"] | StateDictKind
     # the state dict loaded after composing, where the composition cannot take it as its
     # materialization init (it then materializes through module init first)

@@ -1,4 +1,4 @@
-"""Building a cell on a rank: the eager reference, the state dict the kit hands Thunder, and
+"""Building a cell on a rank: the eager model, the state dict the kit hands Thunder, and
 the model under test composed with Thunder's jit and FSDP as the cell's axes say, its setup
 measured."""
 
@@ -84,7 +84,7 @@ def recipe(cell: Cell, device: torch.device) -> Recipe:
 
 
 @dataclasses.dataclass
-class Reference:
+class EagerModel:
     """The eager single-process model the cell is compared with."""
 
     module: nn.Module
@@ -100,16 +100,16 @@ class Reference:
         return gather(tm, self.shapes, grads=grads, replicated=self.replicated, dtypes=dtypes)
 
     def kit_pointers(self) -> set[int]:
-        """Storages the kit holds for the reference: not the Thunder module's to account for."""
+        """Storages the kit holds for the eager model: not the Thunder module's to account for."""
         return measure.pointers(*self.module.parameters(), *self.module.buffers(), *self.initial.values())
 
 
-def build_reference(recipe: Recipe) -> Reference:
+def build_eager_model(recipe: Recipe) -> EagerModel:
     torch.manual_seed(SEED + recipe.source)
     with torch.device(recipe.device), measure.measure(recipe.device) as construction:
         module = recipe.make().to(recipe.dtype)
     replace_output_dropout(module, recipe.fixture.output_dropout)
-    return Reference(
+    return EagerModel(
         module=module,
         shapes={n: p.shape for n, p in module.named_parameters()},
         initial=snapshot(module),
@@ -125,7 +125,7 @@ class Composed:
     setup_s: float
 
 
-def compose(recipe: Recipe, reference: Reference) -> Composed:
+def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
     """Build the model under test and compose it with Thunder as the cell says, measuring setup."""
     rank, world = dist.get_rank(), dist.get_world_size()
     began = time.perf_counter()
@@ -138,11 +138,11 @@ def compose(recipe: Recipe, reference: Reference) -> Composed:
     # DDP: the bucket size the cell's bucketing names (collectives.ddp_bucket_mb), and a
     # broadcast only where the init mode asks for one (DDP's own default broadcasts rank 0)
     ddp_options = {
-        "bucket_size_in_mb": ddp_bucket_mb(reference.module, recipe.cell.bucketing),
+        "bucket_size_in_mb": ddp_bucket_mb(eager_model.module, recipe.cell.bucketing),
         "broadcast_from": recipe.source if recipe.init.broadcast else None,
     }
     # What the kit hands over is built outside the measured block: it is the user's memory.
-    state = _state_dict(recipe.plan.handed_over, reference.module, rank, world)
+    state = _state_dict(recipe.plan.handed_over, eager_model.module, rank, world)
     materialization_init = _materialization(recipe.plan, state)
     with measure.measure(recipe.device) as setup:
         torch.manual_seed(SEED + (rank if recipe.init.broadcast else 0))
@@ -175,29 +175,29 @@ def _materialization(setup: SetupPlan, state: dict[str, torch.Tensor] | None) ->
 
 
 def _state_dict(
-    kind: StateDictKind | None, reference: nn.Module, rank: int, world: int
+    kind: StateDictKind | None, eager_model: nn.Module, rank: int, world: int
 ) -> dict[str, torch.Tensor] | None:
     """The state dict the kit hands Thunder, as a user would: "original" or "transformed"."""
     if kind == "original":
-        return clones(reference.state_dict())
+        return clones(eager_model.state_dict())
     if kind == "transformed":
-        return transformed_state_dict(reference, rank, world)
+        return transformed_state_dict(eager_model, rank, world)
     return None
 
 
-def transformed_state_dict(reference: nn.Module, rank: int, world: int) -> dict[str, torch.Tensor]:
-    """The reference's state dict as FSDP holds it on ``rank``: parameters sharded, buffers whole."""
-    names = {n for n, _ in reference.named_parameters(remove_duplicate=False)}
-    duplicates = tied_duplicates(reference)
+def transformed_state_dict(eager_model: nn.Module, rank: int, world: int) -> dict[str, torch.Tensor]:
+    """The eager model's state dict as FSDP holds it on ``rank``: parameters sharded, buffers whole."""
+    names = {n for n, _ in eager_model.named_parameters(remove_duplicate=False)}
+    duplicates = tied_duplicates(eager_model)
     return {
         k: _shard_of(v, rank, world) if k in names else v.clone()
-        for k, v in reference.state_dict().items()
+        for k, v in eager_model.state_dict().items()
         if k not in duplicates
     }
 
 
 def _shard_of(full: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """This rank's shard of a reference parameter; of a model on the meta device (a simulated
+    """This rank's shard of a parameter of the eager model; of a model on the meta device (a simulated
     world's: never real), the shard of its row pattern, made without the rest of it."""
     if full.is_meta:
         return patterns.shard(tuple(full.shape), rank, world, full.dtype)

@@ -1,5 +1,5 @@
 """Eager PyTorch as the kit runs it beside the Thunder module: the loss every rank's
-micro-batch is weighed by, a copy of the reference holding given weights, and eager's
+micro-batch is weighed by, a copy of the eager model holding given weights, and eager's
 gradients of the ranks' averaged loss, returned rather than accumulated."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from conformance.checks.traces import final_traces
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import expects_reset_error
 from conformance.rank import measure
-from conformance.rank.build import Recipe, Reference, Unsupported, build_reference, compose, recipe
+from conformance.rank.build import EagerModel, Recipe, Unsupported, build_eager_model, compose, recipe
 from conformance.rank.gather import clones, cpu_copies, identical, on_every_rank, rank_device
 from conformance.rank.scenarios import run_scenario
 from conformance.rank.simulate import run_simulated
@@ -54,22 +54,22 @@ def drive(cell: Cell) -> CellRecord:
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == cell.world_size, f"cell wants {cell.world_size} ranks, the world has {world}"
     parts = recipe(cell, rank_device())
-    reference = build_reference(parts)
-    composed = compose(parts, reference)
+    eager_model = build_eager_model(parts)
+    composed = compose(parts, eager_model)
     tm = composed.thunder_module
-    alive_after_setup = measure.census(parts.device, reference.kit_pointers())
-    setup = record_setup(parts, reference, tm)
-    training = train(parts, reference, tm, rank, world)
+    alive_after_setup = measure.census(parts.device, eager_model.kit_pointers())
+    setup = record_setup(parts, eager_model, tm)
+    training = train(parts, eager_model, tm, rank, world)
     traces = final_traces(tm)  # before a scenario compiles a computation of its own
-    scenario = run_scenario(cell.scenario, parts, reference, tm, rank, world)
-    state_dict = round_trip_state_dict(parts, reference, tm)
+    scenario = run_scenario(cell.scenario, parts, eager_model, tm, rank, world)
+    state_dict = round_trip_state_dict(parts, eager_model, tm)
     return CellRecord(
         cell=cell,
         rank=rank,
         device=parts.device,
         dtype=parts.dtype,
         backend=dist.get_backend(),
-        reference=reference.module,
+        eager_model=eager_model.module,
         thunder_module=tm,
         traces=traces,
         setup=setup,
@@ -77,7 +77,7 @@ def drive(cell: Cell) -> CellRecord:
         state_dict=state_dict,
         memory=MemoryRecord(
             peaks={"setup": composed.setup_peak, **training.peaks},
-            eager_peaks={"setup": reference.setup_peak, **training.eager_peaks},
+            eager_peaks={"setup": eager_model.setup_peak, **training.eager_peaks},
             alive_after_setup=alive_after_setup.nbytes,
             scalars_after_setup=alive_after_setup.scalars,
             alive_after_forward=training.alive_after_forward,
@@ -92,44 +92,44 @@ def drive(cell: Cell) -> CellRecord:
     )
 
 
-def record_setup(parts: Recipe, reference: Reference, tm: Any) -> SetupRecord:
+def record_setup(parts: Recipe, eager_model: EagerModel, tm: Any) -> SetupRecord:
     """What the Thunder module holds right after setup. Where Thunder drew the weights
-    (module init), the reference adopts them so that the steps can be compared."""
+    (module init), the eager model adopts them so that the steps can be compared."""
     placement = {n: str(t.device) for n, t in (*tm.named_parameters(), *tm.named_buffers())}
     buffers = cpu_copies(tm.named_buffers())
     on_ranks = on_every_rank(buffers)
     setup = SetupRecord(
         placement=placement,
-        initial=reference.gather(tm),
-        reference_initial=reference.initial,
+        initial=eager_model.gather(tm),
+        eager_initial=eager_model.initial,
         buffers=buffers,
-        reference_buffers=cpu_copies(reference.module.named_buffers()),
+        eager_buffers=cpu_copies(eager_model.module.named_buffers()),
         buffers_unlike_rank0=sorted(n for n, t in buffers.items() if not identical(t, on_ranks[0].get(n))),
     )
-    if not parts.init.values_from_reference:
+    if not parts.init.values_from_eager:
         with torch.no_grad():
-            for n, p in reference.module.named_parameters():
+            for n, p in eager_model.module.named_parameters():
                 p.copy_(setup.initial[n])
             # buffers eager draws at random were drawn by Thunder too (checked by materialization)
             for n in draws.buffer_expectations(parts.make):
-                if n in buffers and buffers[n].shape == reference.module.get_buffer(n).shape:
-                    reference.module.get_buffer(n).copy_(buffers[n])
+                if n in buffers and buffers[n].shape == eager_model.module.get_buffer(n).shape:
+                    eager_model.module.get_buffer(n).copy_(buffers[n])
     return setup
 
 
-def round_trip_state_dict(parts: Recipe, reference: Reference, tm: Any) -> StateDictRecord:
+def round_trip_state_dict(parts: Recipe, eager_model: EagerModel, tm: Any) -> StateDictRecord:
     """Last, as it rewrites the module's weights: ``original_state_dict()`` after training,
     then the initial weights loaded back through ``load_original_state_dict()``."""
     original = cpu_copies(tm.original_state_dict().items())
-    gathered = reference.gather(tm)
+    gathered = eager_model.gather(tm)
     buffers = cpu_copies(tm.named_buffers())
-    loaded = {n: t.to(parts.device) for n, t in reference.initial.items()}
-    tm.load_original_state_dict({**clones(reference.module.state_dict()), **loaded})
+    loaded = {n: t.to(parts.device) for n, t in eager_model.initial.items()}
+    tm.load_original_state_dict({**clones(eager_model.module.state_dict()), **loaded})
     return StateDictRecord(
         original=original,
         buffers=buffers,
-        reference=cpu_copies(reference.module.state_dict().items()),
+        eager_model=cpu_copies(eager_model.module.state_dict().items()),
         loaded={n: t.cpu() for n, t in loaded.items()},
-        reloaded=reference.gather(tm),
+        reloaded=eager_model.gather(tm),
         gathered=gathered,
     )

@@ -97,7 +97,7 @@ def measure(device: torch.device, settle: bool = False) -> Iterator[Reading]:
 
 class Ledger:
     """What the Thunder side allocated since training began and still holds, kept across
-    the phases of every step; the eager reference's work between phases is not counted.
+    the phases of every step; the eager model's work between phases is not counted.
 
     Phases are measured in absolute terms, from the ledger's zero (the end of setup): a
     phase's peak includes what earlier phases left alive (the optimizer state, the forward's
@@ -149,7 +149,7 @@ class Ledger:
             self.held = self._tracker.live
             return self.held
         # CUDA: the allocator cannot tell the Thunder side's frees from the kit's allocations
-        # in between (the reference's steps), so only what the collection itself releases
+        # in between (the eager model's steps), so only what the collection itself releases
         # (NCCL work objects and cycles that hold buffers) is taken off, as a delta around it
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_allocated(self.device)

@@ -27,7 +27,7 @@ from conformance.checks.traces import final_traces
 from conformance.matrix.cells import Cell
 from conformance.matrix.simulated import sampled_ranks
 from conformance.rank import measure
-from conformance.rank.build import Reference, Unsupported, compose, recipe
+from conformance.rank.build import EagerModel, Unsupported, compose, recipe
 
 DEVICE = torch.device("cpu")  # shards are real, on the CPU, whatever the session's backend
 
@@ -61,10 +61,10 @@ def drive(cell: Cell, rank: int) -> SimulatedRecord:
     parts = recipe(cell, DEVICE)
     with torch.device("meta"):
         meta = parts.make().to(parts.dtype)
-    reference = Reference(
+    eager_model = EagerModel(
         module=meta, shapes={n: p.shape for n, p in meta.named_parameters()}, initial={}, setup_peak=0
     )
-    composed = compose(parts, reference)
+    composed = compose(parts, eager_model)
     tm = composed.thunder_module
     alive = measure.census(DEVICE, set())
     began = time.perf_counter()
@@ -74,7 +74,7 @@ def drive(cell: Cell, rank: int) -> SimulatedRecord:
     return SimulatedRecord(
         cell=cell,
         rank=rank,
-        reference=meta,
+        eager_model=meta,
         thunder_module=tm,
         memory=SimulatedMemory(
             setup_peak=composed.setup_peak, alive_after_setup=alive.nbytes, scalars_after_setup=alive.scalars

@@ -1,6 +1,6 @@
 """Training a cell beside eager PyTorch: the Thunder module on this rank's micro-batch, the
-eager reference on every rank's (the ranks' losses averaged, as FSDP averages gradients)
-and, below float32, a float32 twin of the reference in lockstep.
+eager model on every rank's (the ranks' losses averaged, as FSDP averages gradients)
+and, below float32, a float32 twin of the eager model in lockstep.
 
 The second step is the measured one (the first compiles): its forward, backward and
 optimizer step are measured, what its forward leaves alive and what the autograd node
@@ -21,7 +21,7 @@ from torch import nn
 from conformance.checks.record import MEASURED_STEP, ParametersAfter, SavedTensor, StepRecord
 from conformance.checks.storages import distinct_storages
 from conformance.rank.buffers import PerRank
-from conformance.rank.build import SEED, Recipe, Reference
+from conformance.rank.build import SEED, EagerModel, Recipe
 from conformance.rank.dropout import drawn_masks, replayed
 from conformance.rank.eager import (
     Tensors,
@@ -68,14 +68,14 @@ def generator(*key: int) -> torch.Generator:
 class _Lockstep:
     """The models that train in lockstep on one global batch, and what they record.
 
-    Only the Thunder module's work runs inside the ledger's phases: the reference's and the
+    Only the Thunder module's work runs inside the ledger's phases: the eager model's and the
     twin's steps in between are the kit's, not the rank's memory under test.
     """
 
     recipe: Recipe
-    reference: Reference
+    eager_model: EagerModel
     thunder: Any
-    golden: nn.Module | None  # float32 twin of the reference below float32
+    twin: nn.Module | None  # float32 twin of the eager model below float32
     rank: int
     world: int
     training: Training = dataclasses.field(default_factory=Training)
@@ -83,13 +83,13 @@ class _Lockstep:
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.recipe.device)
         # one optimizer-state twin per trainable storage, of the shape this rank holds
-        held_world = 1 if self.reference.replicated else self.world
-        self.shard_twins = _shard_twins(self.reference.module, held_world, self.recipe.device)
+        held_world = 1 if self.eager_model.replicated else self.world
+        self.shard_twins = _shard_twins(self.eager_model.module, held_world, self.recipe.device)
         # the eager models run every rank's micro-batch, each with that rank's buffers
-        self.reference_buffers = PerRank(self.reference.module, self.world)
-        self.golden_buffers = PerRank(self.golden, self.world) if self.golden is not None else None
-        self.weights = self.reference.gather(self.thunder)  # the Thunder module's, as the next step starts
-        self.replays = replayed(self.reference.module, self.golden)
+        self.eager_buffers = PerRank(self.eager_model.module, self.world)
+        self.twin_buffers = PerRank(self.twin, self.world) if self.twin is not None else None
+        self.weights = self.eager_model.gather(self.thunder)  # the Thunder module's, as the next step starts
+        self.replays = replayed(self.eager_model.module, self.twin)
 
     def twin_at_thunder_weights(
         self, inputs: list[torch.Tensor], cotangents: list[torch.Tensor]
@@ -99,27 +99,27 @@ class _Lockstep:
         the twin's own (at its own weights) they are what the parameters' drift so far, which
         the parameters' comparison allows, makes of this step's output and gradients: the
         kit computes it rather than guessing it."""
-        assert self.golden is not None and self.golden_buffers is not None
-        twin = holding(self.golden, self.weights)
-        return eager_gradients(twin, inputs, cotangents, self.golden_buffers.clones_for(twin), float32=True)
+        assert self.twin is not None and self.twin_buffers is not None
+        twin = holding(self.twin, self.weights)
+        return eager_gradients(twin, inputs, cotangents, self.twin_buffers.clones_for(twin), float32=True)
 
-    def reference_at_thunder_weights(self) -> tuple[nn.Module, PerRank]:
-        """A copy of the reference holding the weights the Thunder module holds as this step
+    def eager_at_thunder_weights(self) -> tuple[nn.Module, PerRank]:
+        """A copy of the eager model holding the weights the Thunder module holds as this step
         starts (exactly: the same dtype), with copies of every rank's buffers as they stand
-        now (take it before the reference's forward of this step updates them)."""
-        at_thunder = holding(self.reference.module, self.weights)
-        return at_thunder, self.reference_buffers.clones_for(at_thunder)
+        now (take it before the eager model's forward of this step updates them)."""
+        at_thunder = holding(self.eager_model.module, self.weights)
+        return at_thunder, self.eager_buffers.clones_for(at_thunder)
 
     def optimizers(self, make: Callable[[Any], torch.optim.Optimizer]) -> list[torch.optim.Optimizer | None]:
         """One per model, the Thunder module's first, the shard twins' last."""
-        thunder, reference = make(self.thunder.parameters()), make(self.reference.module.parameters())
-        golden = make(self.golden.parameters()) if self.golden is not None else None
-        return [thunder, reference, golden, make(self.shard_twins)]
+        thunder, eager_model = make(self.thunder.parameters()), make(self.eager_model.module.parameters())
+        twin = make(self.twin.parameters()) if self.twin is not None else None
+        return [thunder, eager_model, twin, make(self.shard_twins)]
 
     def step(self, step: int, optimizer: str, optimizers: list[torch.optim.Optimizer | None]) -> None:
         """One step of every model, recorded; the measured step also records its memory."""
         device, dtype, tm, rank = self.recipe.device, self.recipe.dtype, self.thunder, self.rank
-        reference, golden, training, ledger = self.reference.module, self.golden, self.training, self.ledger
+        eager_model, twin, training, ledger = self.eager_model.module, self.twin, self.training, self.ledger
         measured = step == MEASURED_STEP
         inputs = [self.recipe.fixture.make_input(generator(step, r), dtype).to(device) for r in range(self.world)]
         held_before = ledger.read()
@@ -133,8 +133,8 @@ class _Lockstep:
             training.saved = _saved_tensors(out)
         # below float32: eager in the cell's dtype at the Thunder module's weights, each rank's
         # own gradient (numerics.scale.judge_gradient_scale)
-        at_thunder = self.reference_at_thunder_weights() if golden is not None else None
-        ref_outs = self.reference_buffers.forward(inputs)
+        at_thunder = self.eager_at_thunder_weights() if twin is not None else None
+        ref_outs = self.eager_buffers.forward(inputs)
         cotangents = [
             torch.randn(o.shape, generator=generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
         ]
@@ -145,24 +145,24 @@ class _Lockstep:
             del out, rank_loss  # the kit's last references to the forward's result
         training.held_after_backward.append(ledger.read())
         if measured:
-            with self.reference_buffers.rank(rank, keep=False):
-                training.eager_peaks.update(_eager_peaks(reference, inputs[rank], cotangents[rank], device))
-            if golden is not None and self.golden_buffers is not None:  # the float32 twin's, below float32
-                with self.golden_buffers.rank(rank, keep=False):
-                    twin = _eager_peaks(golden, float32_input(inputs[rank]), cotangents[rank].float(), device)
+            with self.eager_buffers.rank(rank, keep=False):
+                training.eager_peaks.update(_eager_peaks(eager_model, inputs[rank], cotangents[rank], device))
+            if twin is not None and self.twin_buffers is not None:  # the float32 twin's, below float32
+                with self.twin_buffers.rank(rank, keep=False):
+                    twin = _eager_peaks(twin, float32_input(inputs[rank]), cotangents[rank].float(), device)
                 training.eager_peaks.update({f"float32 {k}": v for k, v in twin.items()})
-        # FSDP averages gradients over ranks: the reference loss is the mean of the ranks' losses.
+        # FSDP averages gradients over ranks: the eager loss is the mean of the ranks' losses.
         mean_loss(ref_outs, cotangents).backward()
-        golden_outs = twin_at_thunder = local_at_thunder = None
-        if golden is not None and self.golden_buffers is not None:
+        twin_outs = twin_at_thunder = local_at_thunder = None
+        if twin is not None and self.twin_buffers is not None:
             twin_at_thunder = self.twin_at_thunder_weights(inputs, cotangents)
-            golden_outs = self.golden_buffers.forward([float32_input(x) for x in inputs])
-            mean_loss(golden_outs, [c.float() for c in cotangents]).backward()
+            twin_outs = self.twin_buffers.forward([float32_input(x) for x in inputs])
+            mean_loss(twin_outs, [c.float() for c in cotangents]).backward()
         if at_thunder is not None:
             local_at_thunder = rank_gradients(at_thunder[0], inputs, cotangents, at_thunder[1])
-        grads = self.reference.gather(tm, grads=True)
-        reference_grads = snapshot(reference, grads=True)
-        golden_grads = None if golden is None else snapshot(golden, grads=True)
+        grads = self.eager_model.gather(tm, grads=True)
+        eager_grads = snapshot(eager_model, grads=True)
+        twin_grads = None if twin is None else snapshot(twin, grads=True)
         thunder_opt = optimizers[0]
         held_before_step = ledger.read()
         with ledger.phase() as optimizer_step:
@@ -178,30 +178,30 @@ class _Lockstep:
         with ledger.phase():
             thunder_opt.zero_grad(set_to_none=True)
         training.held_after_step.append(ledger.read(thorough=True))
-        self.reference_buffers.hold(rank)
-        if self.golden_buffers is not None:
-            self.golden_buffers.hold(rank)
-        self.weights = self.reference.gather(tm)
+        self.eager_buffers.hold(rank)
+        if self.twin_buffers is not None:
+            self.twin_buffers.hold(rank)
+        self.weights = self.eager_model.gather(tm)
         training.steps.append(
             StepRecord(
                 optimizer=optimizer,
                 output=output,
-                reference_output=ref_outs[rank].detach().cpu(),
+                eager_output=ref_outs[rank].detach().cpu(),
                 grads=grads,
-                reference_grads=reference_grads,
+                eager_grads=eager_grads,
                 after=ParametersAfter(
                     thunder=self.weights,
-                    reference=snapshot(reference),
-                    golden=snapshot(golden) if golden is not None else None,
+                    eager_model=snapshot(eager_model),
+                    twin=snapshot(twin) if twin is not None else None,
                 ),
-                golden_output=None if golden_outs is None else golden_outs[rank].detach().cpu(),
-                golden_grads=golden_grads,
+                twin_output=None if twin_outs is None else twin_outs[rank].detach().cpu(),
+                twin_grads=twin_grads,
                 twin_at_thunder_output=None if twin_at_thunder is None else twin_at_thunder[0][rank],
                 twin_at_thunder_grads=None if twin_at_thunder is None else twin_at_thunder[1],
                 local_at_thunder=local_at_thunder,
                 buffers=cpu_copies(tm.named_buffers()),
-                reference_buffers=cpu_copies(reference.named_buffers()),
-                golden_buffers=None if golden is None else cpu_copies(golden.named_buffers()),
+                eager_buffers=cpu_copies(eager_model.named_buffers()),
+                twin_buffers=None if twin is None else cpu_copies(twin.named_buffers()),
             )
         )
         if measured:
@@ -209,12 +209,12 @@ class _Lockstep:
             training.alive_after_forward = forward.alive - held_before
 
 
-def train(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) -> Training:
+def train(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: int) -> Training:
     """STEPS steps of each optimizer in turn, on fresh optimizers, all models in lockstep."""
     # Below float32, eager's own rounding sets the tolerance: a float32 twin trains in lockstep
     # and Thunder may stray from it at most a stated factor further than eager does.
-    golden = copy.deepcopy(reference.module).float() if recipe.dtype != torch.float32 else None
-    lockstep = _Lockstep(recipe, reference, tm, golden, rank, world)
+    twin = copy.deepcopy(eager_model.module).float() if recipe.dtype != torch.float32 else None
+    lockstep = _Lockstep(recipe, eager_model, tm, twin, rank, world)
     training = lockstep.training
     step = 0
     # The full collection before each reading of what a step left held walks only what this
@@ -243,15 +243,15 @@ def _saved_tensors(out: torch.Tensor) -> list[SavedTensor | None] | None:
 
 
 def _eager_peaks(
-    reference: nn.Module, x: torch.Tensor, cotangent: torch.Tensor, device: torch.device
+    eager_model: nn.Module, x: torch.Tensor, cotangent: torch.Tensor, device: torch.device
 ) -> dict[str, int]:
     """Eager's peaks for this rank's input; gradients are returned, not accumulated, so the
-    reference's own training is untouched."""
+    eager model's own training is untouched."""
     with measure(device) as forward:
-        out = reference(x)
+        out = eager_model(x)
     loss = (out * cotangent).mean()
     with measure(device) as backward:
-        torch.autograd.grad(loss, [p for p in reference.parameters() if p.requires_grad])
+        torch.autograd.grad(loss, [p for p in eager_model.parameters() if p.requires_grad])
     return {"forward": forward.peak, "backward": backward.peak}
 
 

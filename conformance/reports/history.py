@@ -13,7 +13,7 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from conformance.reports.compare import UnreadableReport, metrics, read_report
+from conformance.reports.comparison import UnreadableReport, metrics, read_report
 from conformance.reports.noise import MEMORY, TIMING, noise
 
 PANELS = (

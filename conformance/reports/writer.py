@@ -19,8 +19,8 @@ import pytest
 from conformance.matrix.cells import Cell
 from conformance.matrix.coverage import coverage, unmet_pairs
 from conformance.reports import environment
-from conformance.reports.compare import compare, read_report
-from conformance.reports.compare_markdown import markdown
+from conformance.reports.comparison import compare, read_report
+from conformance.reports.comparison_markdown import markdown
 from conformance.reports.figures import memory_figure
 from conformance.reports.outcomes import outcome, plain_nodeid
 from conformance.reports.scale import scale_figure

@@ -17,7 +17,7 @@ import pytest
 from conformance.compare import main
 from conformance.matrix.cells import Cell
 from conformance.reports import history
-from conformance.reports.compare import compare
+from conformance.reports.comparison import compare
 from conformance.reports.session import SessionInfo
 from conformance.reports.writer import Reporter
 from tests.support.suite_runs import ROOT

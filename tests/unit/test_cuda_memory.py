@@ -49,7 +49,7 @@ def _run(device: torch.device, init: str = "real", world: int = 2) -> Any:
     cell = Cell(model="mlp", init=init, composition="jit_fsdp", world_size=world)
     return types.SimpleNamespace(
         cell=cell,
-        reference=MLP(),
+        eager_model=MLP(),
         device=device,
         backend="nccl" if device.type == "cuda" else "gloo",
         init=INITS[init],

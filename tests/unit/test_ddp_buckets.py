@@ -67,7 +67,7 @@ def _ddp_run(bucketing: str, all_reduces: int | None) -> types.SimpleNamespace:
     backward = types.SimpleNamespace(bound_symbols=bsyms)
     return types.SimpleNamespace(
         cell=cell,
-        reference=Sized(),
+        eager_model=Sized(),
         device=torch.device("cpu"),
         backend="gloo",
         init=INITS["real"],
@@ -97,7 +97,7 @@ def test_the_measured_steps_phases_start_from_the_bucket_buffers_a_packing_backw
     for all_reduces, kept in ((2, 720 + 32), (4, 0)):
         run = _ddp_run("layer", all_reduces)
         model = memory_terms.terms(run)
-        gradients = sum(p.numel() * 4 for p in run.reference.parameters() if p.requires_grad)
+        gradients = sum(p.numel() * 4 for p in run.eager_model.parameters() if p.requires_grad)
         run.steps = [types.SimpleNamespace(optimizer="SGD")] * 3
         run.memory = types.SimpleNamespace(
             held_after_backward=[gradients + kept] * 3,

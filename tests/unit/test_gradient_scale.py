@@ -1,6 +1,6 @@
 """The gradient-scale comparison below float32 (numerics.scale.judge_gradient_scale), on gradients
 built the way data-parallel ranks build them: each rank's Linear weight gradient from its own
-micro-batch, the reference computed by eager from a bfloat16 upstream gradient, "Thunder"
+micro-batch, the expected gradient computed by eager from a bfloat16 upstream gradient, "Thunder"
 from the float32 one, rounding once (as a fusing executor does), and then reducing in
 bfloat16 (sum, then divide by the world size).
 No Thunder and no world: the statistic alone, over many draws."""

@@ -15,16 +15,16 @@ from fixtures.optimizers import OPTIMIZERS
 DTYPE = torch.bfloat16
 
 
-def _step(optimizer: str, golden: torch.Tensor, eager: torch.Tensor) -> StepRecord:
-    empty = ParametersAfter(thunder={}, reference={})
+def _step(optimizer: str, twin: torch.Tensor, eager: torch.Tensor) -> StepRecord:
+    empty = ParametersAfter(thunder={}, eager_model={})
     return StepRecord(
         optimizer=optimizer,
         output=torch.zeros(1),
-        reference_output=torch.zeros(1),
+        eager_output=torch.zeros(1),
         grads={},
-        reference_grads={"w": eager},
+        eager_grads={"w": eager},
         after=empty,
-        golden_grads={"w": golden},
+        twin_grads={"w": twin},
     )
 
 
@@ -46,10 +46,10 @@ def test_a_gradient_off_by_its_allowance_moves_the_update_within_the_bound(name:
     grads = [torch.randn(64, generator=gen, dtype=torch.float64) for _ in range(3)]
     grads[1][:8] = -grads[0][:8] * 0.98
     eager = [g + 1e-3 * torch.randn(64, generator=gen, dtype=torch.float64) for g in grads]
-    phase = [_step(name, g, e) for g, e in zip(grads, eager, strict=True)]
-    bound = propagation.propagated(OPTIMIZERS[name], phase, "w", DTYPE)
+    stage = [_step(name, g, e) for g, e in zip(grads, eager, strict=True)]
+    bound = propagation.propagated(OPTIMIZERS[name], stage, "w", DTYPE)
     assert bound is not None and bound.shape == (64,)
-    allowances = [tolerances.gradient_allowance(s, "w", DTYPE) for s in phase]
+    allowances = [tolerances.gradient_allowance(s, "w", DTYPE) for s in stage]
     exact = _updates(name, grads)
     for sign in (1.0, -1.0):
         for j in range(len(grads)):  # one step's gradient off by its whole allowance
@@ -66,14 +66,14 @@ def test_a_skipped_step_still_moves_the_update_past_the_bound() -> None:
     gen = torch.Generator().manual_seed(1)
     grads = [torch.randn(256, generator=gen, dtype=torch.float64) for _ in range(2)]
     eager = [g * (1 + 4e-3 * torch.randn(256, generator=gen, dtype=torch.float64)) for g in grads]
-    phase = [_step("AdamW", g, e) for g, e in zip(grads, eager, strict=True)]
-    bound = propagation.propagated(OPTIMIZERS["AdamW"], phase, "w", DTYPE)
+    stage = [_step("AdamW", g, e) for g, e in zip(grads, eager, strict=True)]
+    bound = propagation.propagated(OPTIMIZERS["AdamW"], stage, "w", DTYPE)
     # the whole update is what a skipped step is off by
     assert _updates("AdamW", grads).norm() > 5 * bound.norm()
 
 
 def test_a_missing_gradient_allows_nothing() -> None:
     step = _step("SGD", torch.ones(3), torch.ones(3))
-    step.golden_grads = None
+    step.twin_grads = None
     assert propagation.propagated(OPTIMIZERS["SGD"], [step], "w", DTYPE) is None
     assert tolerances.gradient_allowance(_step("SGD", torch.ones(3), torch.ones(2)), "w", DTYPE) is None

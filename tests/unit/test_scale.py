@@ -100,9 +100,9 @@ def _sharding_failures(shards: dict[str, torch.Tensor], rank: int, world: int = 
     from conformance.checks.record import SimulatedMemory, SimulatedRecord
 
     with torch.device("meta"):
-        reference = torch.nn.Linear(3, 10)  # weight 10 x 3, bias 10: chunks of 3 rows at 4 ranks
+        eager_model = torch.nn.Linear(3, 10)  # weight 10 x 3, bias 10: chunks of 3 rows at 4 ranks
     cell = Cell("pythia_160m", "meta_module_init", "jit_fsdp", world_size=world, simulated=True)
-    run = SimulatedRecord(cell, rank, reference, _Holds(shards), SimulatedMemory(0, 0, 0), {})
+    run = SimulatedRecord(cell, rank, eager_model, _Holds(shards), SimulatedMemory(0, 0, 0), {})
     return sharding.check(run).failures
 
 

@@ -38,8 +38,8 @@ def _accumulated(grads: dict[str, torch.Tensor], dtype: torch.dtype = torch.floa
     return ScenarioRecord(
         "accumulate",
         grads=cast(grads),
-        reference_grads=cast(total),
-        golden_grads=total if low else None,
+        eager_grads=cast(total),
+        twin_grads=total if low else None,
         alternatives={
             "the last micro-step's alone": (cast(last), last if low else None),
             "the skipped micro-steps' alone": (cast(first), first if low else None),
@@ -88,7 +88,7 @@ def test_what_thunder_raised_names_its_kind_first() -> None:
 
 def test_a_no_grad_output_that_asks_for_a_gradient_fails() -> None:
     out = torch.ones(2, 3)
-    record = ScenarioRecord("infer", output=out, reference_output=out, requires_grad=True)
+    record = ScenarioRecord("infer", output=out, eager_output=out, requires_grad=True)
     assert [f.split(":")[0] for f in _judged(record).failures] == ["output under no_grad needs no gradient"]
 
 

@@ -23,21 +23,21 @@ from fixtures.optimizers import OPTIMIZERS, Optimizer
 
 
 def propagated(
-    optimizer: Optimizer, phase: list[StepRecord], n: str, dtype: torch.dtype, world: int | None = None
+    optimizer: Optimizer, stage: list[StepRecord], n: str, dtype: torch.dtype, world: int | None = None
 ) -> torch.Tensor | None:
-    """Per element, how far the update of the last step of ``phase`` (the steps of one fresh
+    """Per element, how far the update of the last step of ``stage`` (the steps of one fresh
     optimizer so far) moves, to first order, when each step's gradient is off by its
     ``gradient_allowance``. SGD: lr x the allowance. AdamW, with r = m^/(sqrt(v^) + eps) and
     c1_j, c2_j the bias-corrected weights of step j's gradient in m^ and v^:
     |dr/dg_j| <= c1_j / (sqrt(v^) + eps) + |m^| c2_j |g_j| / (sqrt(v^) (sqrt(v^) + eps)^2)."""
-    allowances = [gradient_allowance(s, n, dtype, world) for s in phase]
-    grads = [(s.golden_grads or {}).get(n) for s in phase]
+    allowances = [gradient_allowance(s, n, dtype, world) for s in stage]
+    grads = [(s.twin_grads or {}).get(n) for s in stage]
     if any(a is None for a in allowances) or any(g is None for g in grads):
         return None
     if optimizer.name == "SGD":
         return optimizer.lr * allowances[-1]
     b1, b2 = optimizer.betas
-    a = len(phase)
+    a = len(stage)
     c1 = [(1 - b1) * b1 ** (a - j) / (1 - b1**a) for j in range(1, a + 1)]
     c2 = [(1 - b2) * b2 ** (a - j) / (1 - b2**a) for j in range(1, a + 1)]
     g = [t.double() for t in grads]
@@ -52,36 +52,36 @@ def propagated(
     return optimizer.lr * sensitivity
 
 
-def propagated_per_parameter(phase: list[StepRecord], golden: Tensors, dtype: torch.dtype, world: int) -> Tensors:
+def propagated_per_parameter(stage: list[StepRecord], twin: Tensors, dtype: torch.dtype, world: int) -> Tensors:
     """``propagated`` for every parameter of the twin that has one (of its shape)."""
-    optimizer = OPTIMIZERS[phase[-1].optimizer]
+    optimizer = OPTIMIZERS[stage[-1].optimizer]
     out = {}
-    for n, g in golden.items():
-        m = propagated(optimizer, phase, n, dtype, world)
+    for n, g in twin.items():
+        m = propagated(optimizer, stage, n, dtype, world)
         if m is not None and m.shape == g.shape:
             out[n] = m
     return out
 
 
 def judge_update(
-    found: Findings, k: int, phase: list[StepRecord], before: ParametersAfter, dtype: torch.dtype, moved: Tensors
+    found: Findings, k: int, stage: list[StepRecord], before: ParametersAfter, dtype: torch.dtype, moved: Tensors
 ) -> bool:
-    """Each parameter's update at step ``k`` (the last of ``phase``) against the twin's, as
+    """Each parameter's update at step ``k`` (the last of ``stage``) against the twin's, as
     whole tensors; ``moved``: per parameter, ``propagated`` at this step."""
     failures = len(found.failures)
     worst = 0.0
-    step = phase[-1]
+    step = stage[-1]
     after, optimizer = step.after, OPTIMIZERS[step.optimizer]
-    for n, g_after in (after.golden or {}).items():
+    for n, g_after in (after.twin or {}).items():
         with found.expect(f"update at step {k} ({optimizer.name}) [{n}]"):
             t_after, t_before = after.thunder.get(n), before.thunder.get(n)
             assert t_after is not None and t_before is not None, "missing"
             assert t_after.shape == g_after.shape, f"shape {tuple(t_after.shape)}, expected {tuple(g_after.shape)}"
-            g_before = before.golden[n].double() if before.golden is not None else None
+            g_before = before.twin[n].double() if before.twin is not None else None
             assert g_before is not None, "the twin's parameters before the step are missing"
             twin = g_after.double() - g_before
             thunder = t_after.double() - t_before.double()
-            eager = after.reference[n].double() - before.reference[n].double()
+            eager = after.eager_model[n].double() - before.eager_model[n].double()
             thunder_err = (thunder - twin).norm().item()
             eager_err = (eager - twin).norm().item()
             floor = (rounding(g_after, dtype).norm() + rounding(g_before, dtype).norm()).item()

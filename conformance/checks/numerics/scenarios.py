@@ -34,23 +34,23 @@ def judge_scenario(found: Findings, record: ScenarioRecord, dtype: torch.dtype, 
     if record.requires_grad is not None:
         with found.expect(f"output {phrase} needs no gradient"):
             assert not record.requires_grad, "it requires grad: Thunder recorded the computation for a backward"
-    if record.output is not None and record.reference_output is not None:
-        actual, expected = {"output": record.output}, {"output": record.reference_output}
-        compare(found, f"output {phrase}", actual, expected, named_output(record.golden_output), dtype)
-    if record.grads is None or record.reference_grads is None:
+    if record.output is not None and record.eager_output is not None:
+        actual, expected = {"output": record.output}, {"output": record.eager_output}
+        compare(found, f"output {phrase}", actual, expected, named_output(record.twin_output), dtype)
+    if record.grads is None or record.eager_grads is None:
         return
     what = f"gradients {phrase}"
     scratch = Findings()
     # the twin holds the same weights; each micro-step accumulated adds one more addition
     additions = world - 1 + (MICRO_STEPS - 1 if record.scenario == "accumulate" else 0)
-    local = Local.of(record.local, record.golden_grads, additions, dtype)
-    ok = compare(scratch, what, record.grads, record.reference_grads, record.golden_grads, dtype, local=local)
+    local = Local.of(record.local, record.twin_grads, additions, dtype)
+    ok = compare(scratch, what, record.grads, record.eager_grads, record.twin_grads, dtype, local=local)
     found.metrics.update(scratch.metrics)
     if ok:
         return
-    for name, (reference, golden) in record.alternatives.items():
-        local = Local.of(record.alternatives_local.get(name), golden, additions, dtype)
-        if compare(Findings(), what, record.grads, reference, golden, dtype, local=local):
+    for name, (eager_model, twin) in record.alternatives.items():
+        local = Local.of(record.alternatives_local.get(name), twin, additions, dtype)
+        if compare(Findings(), what, record.grads, eager_model, twin, dtype, local=local):
             found.failures.append(f"{what}: equal {name}")
             return
     found.failures += scratch.failures

@@ -22,7 +22,7 @@ def check(run: CellRecord) -> Findings:
     low = run.dtype != torch.float32
     before = run.before
     failed: set[str] = set()  # kinds already failing: only the first step is reported
-    phase: list[StepRecord] = []  # the steps of the optimizer now stepping (each starts fresh)
+    stage: list[StepRecord] = []  # the steps of the optimizer now stepping (each starts fresh)
     # per parameter: what the optimizer made of gradients off as far as eager's, this step and
     # summed over the steps so far (Thunder's parameters may drift from the twin's by the sum)
     moved: dict[str, torch.Tensor] = {}
@@ -31,30 +31,30 @@ def check(run: CellRecord) -> Findings:
     # each rank's rows where they are its shard (FSDP's), not where every rank holds all
     shards = 1 if COMPOSITIONS[run.cell.composition].replicated else run.cell.world_size
     for k, step in enumerate(run.steps):
-        phase = [*phase, step] if phase and phase[-1].optimizer == step.optimizer else [step]
+        stage = [*stage, step] if stage and stage[-1].optimizer == step.optimizer else [step]
         if low:
-            moved = propagated_per_parameter(phase, step.after.golden or {}, run.dtype, run.cell.world_size)
+            moved = propagated_per_parameter(stage, step.after.twin or {}, run.dtype, run.cell.world_size)
             drift = {n: drift[n] + m if n in drift else m for n, m in moved.items()}
         kinds: dict[str, tuple[Tensors, Tensors, Tensors | None]] = {
-            "output": ({"output": step.output}, {"output": step.reference_output}, named_output(step.golden_output)),
-            "gradients": (step.grads, step.reference_grads, step.golden_grads),
-            "parameters": (step.after.thunder, step.after.reference, step.after.golden),
+            "output": ({"output": step.output}, {"output": step.eager_output}, named_output(step.twin_output)),
+            "gradients": (step.grads, step.eager_grads, step.twin_grads),
+            "parameters": (step.after.thunder, step.after.eager_model, step.after.twin),
             # what the forward made of this rank's buffers (running statistics): from this
             # rank's micro-batches alone
-            "buffers": (step.buffers, step.reference_buffers, step.golden_buffers),
+            "buffers": (step.buffers, step.eager_buffers, step.twin_buffers),
         }
         # below float32, what the parameters' drift so far makes of this step's output and
         # gradients (the twin at Thunder's weights against the twin at its own): allowed on top
         allowed: dict[str, Tensors | None] = {"parameters": drift}
         if low:
             allowed["output"] = drift_effect(
-                named_output(step.twin_at_thunder_output), named_output(step.golden_output)
+                named_output(step.twin_at_thunder_output), named_output(step.twin_output)
             )
-            allowed["gradients"] = drift_effect(step.twin_at_thunder_grads, step.golden_grads)
+            allowed["gradients"] = drift_effect(step.twin_at_thunder_grads, step.twin_grads)
         # below float32, gradients may also stray as far as eager's own when each rank's is
         # computed alone (rounded per rank, as a data-parallel rank rounds it before reducing)
         local = Local.of(step.local_at_thunder, step.twin_at_thunder_grads, run.cell.world_size - 1, run.dtype)
-        for kind, (actual, expected, golden) in kinds.items():
+        for kind, (actual, expected, twin) in kinds.items():
             if kind in failed:
                 continue
             what = f"{kind} at step {k} ({step.optimizer})"
@@ -64,9 +64,9 @@ def check(run: CellRecord) -> Findings:
             # the decayed r, their sum) by a decomposition, where eager's fused kernel rounds
             # once: its floor is that many roundings of the twin's value
             roundings = 3 * (k + 1) if kind == "buffers" else 1
-            if not compare(found, what, actual, expected, golden, run.dtype, allowed.get(kind), per_rank, roundings):
+            if not compare(found, what, actual, expected, twin, run.dtype, allowed.get(kind), per_rank, roundings):
                 failed.add(kind)
-        if low and "update" not in failed and not judge_update(found, k, phase, before, run.dtype, moved):
+        if low and "update" not in failed and not judge_update(found, k, stage, before, run.dtype, moved):
             failed.add("update")
         if low and "gradient scale" not in failed and step.local_at_thunder is not None:
             what = f"gradient scale at step {k} ({step.optimizer})"
@@ -83,7 +83,7 @@ def check(run: CellRecord) -> Findings:
         judge_scenario(found, run.scenario, run.dtype, run.cell.world_size)
 
     # Tied names must resolve to one parameter: one shard, one gradient, one update.
-    for group in tie_groups(run.reference):
+    for group in tie_groups(run.eager_model):
         with found.expect(f"tied parameters {group}"):
             distinct = {id(run.thunder_module.get_parameter(n)) for n in group}
             assert len(distinct) == 1, f"the Thunder module holds {len(distinct)} distinct tensors for one tied weight"

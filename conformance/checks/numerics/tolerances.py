@@ -36,31 +36,31 @@ def compare(
     what: str,
     actual: Tensors,
     expected: Tensors,
-    golden: Tensors | None,
+    twin: Tensors | None,
     dtype: torch.dtype,
     drift: Tensors | None = None,
     local: Local | None = None,
     roundings: int = 1,
 ) -> bool:
     """Tensors of one kind against eager's: in float32 at FLOAT32; below it per element from
-    eager's own error against the float32 twin ``golden`` (plus the worst element of
+    eager's own error against the float32 twin ``twin`` (plus the worst element of
     ``drift``, per name), and each tensor as a whole (plus the norm of ``drift``). ``local``:
     gradients eager computed per rank beside their twin, whose error counts as eager's too."""
     if dtype == torch.float32:
         return found.close(what, actual, expected, **FLOAT32)
-    per_name = eager_error(expected, golden, dtype, local, roundings)
+    per_name = eager_error(expected, twin, dtype, local, roundings)
     for n, d in (drift or {}).items():
         if n in per_name:
             per_name[n]["atol"] += d.max().item()
     ok = found.close(what, actual, expected, per_name, rtol=torch.finfo(dtype).eps, atol=0.0)
-    return _as_whole(found, what, actual, expected, golden or {}, dtype, drift, local, roundings) and ok
+    return _as_whole(found, what, actual, expected, twin or {}, dtype, drift, local, roundings) and ok
 
 
 @dataclasses.dataclass(frozen=True)
 class Local:
     """Gradients as data-parallel ranks compute them before reducing: eager's gradient of each
     rank's own loss in the cell's dtype (``ranks``: their mean and mean magnitude) and the
-    float32 twin's at the same weights (``golden``). A reduction rounds each rank's gradient to
+    float32 twin's at the same weights (``twin``). A reduction rounds each rank's gradient to
     the dtype and then every partial sum, where eager's gradient of the averaged loss rounds
     once. So Thunder may stray EAGER_ERROR_FACTOR x the larger of eager's error and the
     per-rank mean's (which holds the ranks' roundings), plus what the reduction's own
@@ -68,20 +68,20 @@ class Local:
     or a BatchNorm's, and grows with the number of ranks)."""
 
     ranks: RankGradients
-    golden: Tensors
+    twin: Tensors
     additions: int  # the reduction's: world - 1 (and an accumulation's, one per micro-step more)
     dtype: torch.dtype
 
     @classmethod
     def of(
-        cls, ranks: RankGradients | None, golden: Tensors | None, additions: int, dtype: torch.dtype
+        cls, ranks: RankGradients | None, twin: Tensors | None, additions: int, dtype: torch.dtype
     ) -> Local | None:
-        return None if ranks is None or golden is None else cls(ranks, golden, additions, dtype)
+        return None if ranks is None or twin is None else cls(ranks, twin, additions, dtype)
 
     def error(self, n: str) -> torch.Tensor | None:
         """Per element, the per-rank mean's distance from the twin (None where either lacks
         ``n`` or their shapes differ)."""
-        e, g = self.ranks.mean.get(n), self.golden.get(n)
+        e, g = self.ranks.mean.get(n), self.twin.get(n)
         if e is None or g is None or e.shape != g.shape or not e.numel():
             return None
         return (e.double() - g.double()).abs()
@@ -98,29 +98,29 @@ class Local:
         return u * (self.additions * a + m.abs())
 
 
-def named_output(golden: torch.Tensor | None) -> Tensors | None:
-    return None if golden is None else {"output": golden}
+def named_output(twin: torch.Tensor | None) -> Tensors | None:
+    return None if twin is None else {"output": twin}
 
 
-def rounding(golden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def rounding(twin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """How far the twin's float32 values move when stored in ``dtype``: the error even an
     exact computation in ``dtype`` has."""
-    g = golden.double()
+    g = twin.double()
     return (g.to(dtype).double() - g).abs()
 
 
 def eager_error(
-    expected: Tensors, golden: Tensors | None, dtype: torch.dtype, local: Local | None = None, roundings: int = 1
+    expected: Tensors, twin: Tensors | None, dtype: torch.dtype, local: Local | None = None, roundings: int = 1
 ) -> dict[str, dict[str, float]]:
     """Per-name atol: EAGER_ERROR_FACTOR x the largest of eager's own distance from the float32
     twin, per-rank eager's (``local``) and the dtype's rounding of the twin (each per element,
     the worst element; the rounding taken ``roundings`` times), plus the reduction's worst
     rounding (``Local.reduction``)."""
-    if golden is None:
+    if twin is None:
         return {}
     out = {}
     for n, e in expected.items():
-        g = golden.get(n)
+        g = twin.get(n)
         if g is None or g.shape != e.shape or not e.is_floating_point() or not e.numel():
             continue
         eager = (e.double() - g.double()).abs().max().item()
@@ -138,7 +138,7 @@ def _as_whole(
     what: str,
     actual: Tensors,
     expected: Tensors,
-    golden: Tensors,
+    twin: Tensors,
     dtype: torch.dtype,
     extra: Tensors | None = None,
     local: Local | None = None,
@@ -152,7 +152,7 @@ def _as_whole(
     fails here."""
     failures = len(found.failures)
     worst = 0.0
-    for n, g in golden.items():
+    for n, g in twin.items():
         t, e = actual.get(n), expected.get(n)
         if t is None or e is None or t.shape != g.shape or not g.is_floating_point():
             continue  # reported by the elementwise comparison
@@ -178,15 +178,15 @@ def _as_whole(
     return len(found.failures) == failures
 
 
-def drift_effect(at_thunder: Tensors | None, golden: Tensors | None) -> Tensors | None:
+def drift_effect(at_thunder: Tensors | None, twin: Tensors | None) -> Tensors | None:
     """Per name and element, how far the twin's result at the Thunder module's weights sits
     from the twin's at its own: what the weights' drift (allowed) makes of the result."""
-    if at_thunder is None or golden is None:
+    if at_thunder is None or twin is None:
         return None
     return {
-        n: (t.double() - golden[n].double()).abs()
+        n: (t.double() - twin[n].double()).abs()
         for n, t in at_thunder.items()
-        if n in golden and t.shape == golden[n].shape and t.is_floating_point()
+        if n in twin and t.shape == twin[n].shape and t.is_floating_point()
     }
 
 
@@ -196,8 +196,8 @@ def gradient_allowance(step: StepRecord, n: str, dtype: torch.dtype, world: int 
     rounding of the twin's gradient (given ``world``, per-rank eager's distance too, and the
     reduction's roundings on top: ``Local``), plus what the weights' drift makes of the
     gradient (None where eager's or the twin's is missing: no allowance)."""
-    g = (step.golden_grads or {}).get(n)
-    e = step.reference_grads.get(n)
+    g = (step.twin_grads or {}).get(n)
+    e = step.eager_grads.get(n)
     if g is None or e is None or g.shape != e.shape:
         return None
     error = (e.double() - g.double()).abs()
@@ -209,5 +209,5 @@ def gradient_allowance(step: StepRecord, n: str, dtype: torch.dtype, world: int 
     reduction = local.reduction(n) if local is not None else None
     if reduction is not None and reduction.shape == g.shape:
         allowance = allowance + reduction
-    effect = (drift_effect(step.twin_at_thunder_grads, step.golden_grads) or {}).get(n)
+    effect = (drift_effect(step.twin_at_thunder_grads, step.twin_grads) or {}).get(n)
     return allowance if effect is None else allowance + effect

@@ -16,14 +16,14 @@ from typing import Any
 
 from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import final_traces
-from conformance.rank.build import Recipe, Reference
+from conformance.rank.build import EagerModel, Recipe
 from conformance.rank.eager import loss, rank_gradients
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, combined, summed, weighted
 from fixtures.options import MICRO_STEPS
 
 
-def accumulate(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) -> ScenarioRecord:
-    eager = Eager.beside(recipe, reference, tm)
+def accumulate(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: int) -> ScenarioRecord:
+    eager = Eager.beside(recipe, eager_model, tm)
     batches = [
         Batch.draw(recipe.fixture.make_input, recipe, eager.module, AFTER_TRAINING + i, world)
         for i in range(MICRO_STEPS)
@@ -37,12 +37,12 @@ def accumulate(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: 
         loss(tm(last.inputs[rank]), last.cotangents[rank]).backward()
     except Exception as exc:  # Thunder's own call: its refusal is a finding, not the end of the cell
         return ScenarioRecord("accumulate", error=f"{type(exc).__name__}: {exc}")
-    grads = reference.gather(tm, grads=True)
+    grads = eager_model.gather(tm, grads=True)
     tm.zero_grad(set_to_none=True)
     per_step = [batch_gradients(eager.module, b)[1] for b in batches]
-    golden = [batch_gradients(eager.golden, b, float32=True)[1] for b in batches] if eager.golden is not None else None
+    twin = [batch_gradients(eager.twin, b, float32=True)[1] for b in batches] if eager.twin is not None else None
     # below float32, each micro-step's gradients as the ranks compute them (numerics.tolerances.Local)
-    local = [rank_gradients(eager.module, b.inputs, b.cotangents) for b in batches] if golden is not None else None
+    local = [rank_gradients(eager.module, b.inputs, b.cotangents) for b in batches] if twin is not None else None
     skipped = len(batches) - 1
     # each recognisable mistake as the weight it gives each micro-step's gradients
     mistakes = {
@@ -54,11 +54,11 @@ def accumulate(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: 
     return ScenarioRecord(
         "accumulate",
         grads=grads,
-        reference_grads=summed(per_step),
-        golden_grads=None if golden is None else summed(golden),
+        eager_grads=summed(per_step),
+        twin_grads=None if twin is None else summed(twin),
         local=None if local is None else combined(local),
         alternatives={
-            name: (weighted(per_step, w), None if golden is None else weighted(golden, w))
+            name: (weighted(per_step, w), None if twin is None else weighted(twin, w))
             for name, w in mistakes.items()
         },
         alternatives_local={} if local is None else {name: combined(local, w) for name, w in mistakes.items()},

@@ -1,4 +1,4 @@
-"""Eager PyTorch beside a scenario: a copy of the reference holding the Thunder module's own
+"""Eager PyTorch beside a scenario: a copy of the eager model holding the Thunder module's own
 gathered weights (and below float32 its float32 twin), the inputs and cotangents of one
 global batch, and eager's gradients of the ranks' averaged loss."""
 
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from conformance.checks.record import RankGradients
-from conformance.rank.build import Recipe, Reference
+from conformance.rank.build import EagerModel, Recipe
 from conformance.rank.eager import eager_gradients, holding
 from conformance.rank.train import STEPS, generator
 from fixtures.optimizers import OPTIMIZERS
@@ -29,13 +29,13 @@ class Eager:
     """Eager PyTorch holding the Thunder module's weights as they are now."""
 
     module: nn.Module
-    golden: nn.Module | None  # its float32 twin, below float32
+    twin: nn.Module | None  # its float32 twin, below float32
 
     @classmethod
-    def beside(cls, recipe: Recipe, reference: Reference, tm: Any) -> Eager:
-        module = holding(reference.module, reference.gather(tm))
-        golden = copy.deepcopy(module).float() if recipe.dtype != torch.float32 else None  # .float() is in place
-        return cls(module, golden)
+    def beside(cls, recipe: Recipe, eager_model: EagerModel, tm: Any) -> Eager:
+        module = holding(eager_model.module, eager_model.gather(tm))
+        twin = copy.deepcopy(module).float() if recipe.dtype != torch.float32 else None  # .float() is in place
+        return cls(module, twin)
 
 
 @dataclasses.dataclass

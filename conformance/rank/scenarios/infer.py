@@ -11,18 +11,18 @@ import torch
 
 from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import FinalTraces
-from conformance.rank.build import Recipe, Reference
+from conformance.rank.build import EagerModel, Recipe
 from conformance.rank.eager import float32_input
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Eager
 from conformance.rank.train import generator
 
 
-def infer(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) -> ScenarioRecord:
+def infer(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: int) -> ScenarioRecord:
     """Run and record the no_grad forward, and the trace Thunder compiled for it (read right
     after the call: ``thunder.last_traces`` names the last computation that ran)."""
     import thunder
 
-    eager = Eager.beside(recipe, reference, tm)
+    eager = Eager.beside(recipe, eager_model, tm)
     x = recipe.fixture.make_input(generator(AFTER_TRAINING, rank), recipe.dtype).to(recipe.device)
     try:
         with torch.no_grad():
@@ -32,12 +32,12 @@ def infer(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) 
     trace = thunder.last_traces(tm)[-1]
     with torch.no_grad():
         expected = eager.module(x)
-        golden = eager.golden(float32_input(x)) if eager.golden is not None else None
+        twin = eager.twin(float32_input(x)) if eager.twin is not None else None
     return ScenarioRecord(
         "infer",
         output=out.detach().cpu(),
         requires_grad=bool(out.requires_grad),
-        reference_output=expected.detach().cpu(),
-        golden_output=None if golden is None else golden.detach().cpu(),
+        eager_output=expected.detach().cpu(),
+        twin_output=None if twin is None else twin.detach().cpu(),
         traces=FinalTraces(trace, None),
     )

@@ -10,13 +10,13 @@ from typing import Any
 
 from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import final_traces
-from conformance.rank.build import Recipe, Reference
+from conformance.rank.build import EagerModel, Recipe
 from conformance.rank.eager import loss, rank_gradients
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients
 
 
-def reshape(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) -> ScenarioRecord:
-    eager = Eager.beside(recipe, reference, tm)
+def reshape(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: int) -> ScenarioRecord:
+    eager = Eager.beside(recipe, eager_model, tm)
     batch = Batch.draw(recipe.fixture.second_input, recipe, eager.module, AFTER_TRAINING, world)
     try:
         out = tm(batch.inputs[rank])
@@ -24,21 +24,21 @@ def reshape(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int
     except Exception as exc:  # Thunder's own call: its refusal is a finding, not the end of the cell
         return ScenarioRecord("reshape", error=f"{type(exc).__name__}: {exc}")
     traces = final_traces(tm)
-    grads = reference.gather(tm, grads=True)
+    grads = eager_model.gather(tm, grads=True)
     tm.zero_grad(set_to_none=True)
     outs, expected = batch_gradients(eager.module, batch)
-    golden_outs, golden = (
-        batch_gradients(eager.golden, batch, float32=True) if eager.golden is not None else (None, None)
+    twin_outs, twin = (
+        batch_gradients(eager.twin, batch, float32=True) if eager.twin is not None else (None, None)
     )
-    local = rank_gradients(eager.module, batch.inputs, batch.cotangents) if eager.golden is not None else None
+    local = rank_gradients(eager.module, batch.inputs, batch.cotangents) if eager.twin is not None else None
     return ScenarioRecord(
         "reshape",
         output=out.detach().cpu(),
-        reference_output=outs[rank],
-        golden_output=None if golden_outs is None else golden_outs[rank],
+        eager_output=outs[rank],
+        twin_output=None if twin_outs is None else twin_outs[rank],
         grads=grads,
-        reference_grads=expected,
-        golden_grads=golden,
+        eager_grads=expected,
+        twin_grads=twin,
         local=local,
         traces=traces,
     )

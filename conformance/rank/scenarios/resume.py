@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from conformance.checks.record import Compared, Resumed, ScenarioRecord
-from conformance.rank.build import Recipe, Reference, compose
+from conformance.rank.build import EagerModel, Recipe, compose
 from conformance.rank.eager import loss
 from conformance.rank.gather import cpu_copies, identical, on_every_rank, shard
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch
@@ -40,12 +40,12 @@ RESUME_STEPS = 2  # the second AdamW step reads the optimizer state the first on
 Tensors = dict[str, torch.Tensor]
 
 
-def resume(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int) -> ScenarioRecord:
+def resume(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: int) -> ScenarioRecord:
     # DDP holds whole parameters: Thunder refuses a sharded checkpoint of it, by design
-    kinds = ("full",) if reference.replicated else ("full", "sharded")
+    kinds = ("full",) if eager_model.replicated else ("full", "sharded")
     directory = _shared_directory()
     try:
-        resumed = [_round_trip(kind, recipe, reference, tm, rank, world, directory / kind) for kind in kinds]
+        resumed = [_round_trip(kind, recipe, eager_model, tm, rank, world, directory / kind) for kind in kinds]
     finally:
         dist.barrier()
         if rank == 0:
@@ -53,25 +53,27 @@ def resume(recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int)
     return ScenarioRecord("resume", resumed=resumed)
 
 
-def _round_trip(kind: str, recipe: Recipe, reference: Reference, tm: Any, rank: int, world: int, path: Path) -> Resumed:
+def _round_trip(
+    kind: str, recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: int, path: Path
+) -> Resumed:
     from thunder.distributed.checkpoint import StateDictOptions, load_model_state_dict
 
     full = kind == "full"
     options = StateDictOptions(full_state_dict=full, cpu_offload=True)
-    truth = _truth(kind, reference, tm, rank, world)
+    truth = _truth(kind, eager_model, tm, rank, world)
     try:
         taken, api_error = _take(tm, options, rank)
     except Exception as exc:  # the module's own state dict method raised too
         return Resumed(kind, taken={}, truth=truth, error=f"{type(exc).__name__}: {exc}")
     held = _local(taken)
     if not full:
-        held = {n: _padding_cleared(t, truth.get(n), reference, n, rank) for n, t in held.items()}
+        held = {n: _padding_cleared(t, truth.get(n), eager_model, n, rank) for n, t in held.items()}
     record = Resumed(kind, taken=held, truth=truth, api_error=api_error)
     # a buffer the ranks hold differently (running statistics of each rank's own batches): a
     # full checkpoint holds one value of it, which every rank then loads and goes on from
     unlike = _unlike_on_ranks(tm) if full else set()
     try:
-        fresh = compose(recipe, reference).thunder_module
+        fresh = compose(recipe, eager_model).thunder_module
         # the fresh module's optimizer first: loading must write the parameters it steps
         optimizers = [OPTIMIZERS["AdamW"].make(_trainable(m)) for m in (fresh, tm)]
         template = _clones(_take(fresh, options, rank)[0])
@@ -80,18 +82,18 @@ def _round_trip(kind: str, recipe: Recipe, reference: Reference, tm: Any, rank: 
         _load(template, path, rank, per_rank)
         load_model_state_dict(template, fresh, options, rank)
         loaded = {n: t.cpu() for n, t in template.items() if n in unlike}
-        record.compared += _moment("after loading", reference, fresh, tm, loaded=loaded)
-        model = copy.deepcopy(reference.module)  # for the cotangents' shapes: its buffers are its own
+        record.compared += _moment("after loading", eager_model, fresh, tm, loaded=loaded)
+        model = copy.deepcopy(eager_model.module)  # for the cotangents' shapes: its buffers are its own
         for k in range(RESUME_STEPS):
             batch = Batch.draw(recipe.fixture.make_input, recipe, model, AFTER_TRAINING + k, world)
             outputs = [_forward_backward(m, batch, rank) for m in (fresh, tm)]
             record.compared.append(Compared(f"output at resumed step {k}", *outputs))
-            grads = [reference.gather(m, grads=True) for m in (fresh, tm)]
+            grads = [eager_model.gather(m, grads=True) for m in (fresh, tm)]
             record.compared.append(Compared(f"gradients at resumed step {k}", *grads))
             for opt in optimizers:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            record.compared += _moment(f"after resumed step {k}", reference, fresh, tm, unlike=unlike)
+            record.compared += _moment(f"after resumed step {k}", eager_model, fresh, tm, unlike=unlike)
     except Exception as exc:  # Thunder's own calls: what it raises is a finding, not the end of the cell
         record.error = f"{type(exc).__name__}: {exc}"
     return record
@@ -114,11 +116,11 @@ def _local(state: dict[str, Any]) -> Tensors:
     return cpu_copies((k, getattr(v, "_local_tensor", v)) for k, v in state.items() if isinstance(v, torch.Tensor))
 
 
-def _truth(kind: str, reference: Reference, tm: Any, rank: int, world: int) -> Tensors:
+def _truth(kind: str, eager_model: EagerModel, tm: Any, rank: int, world: int) -> Tensors:
     """What a checkpoint of ``kind`` must hold now: the parameters the kit gathers (this rank's
     shard of each for a sharded one) and the buffers, under the eager state dict's names."""
-    names = set(reference.module.state_dict())
-    params = reference.gather(tm)
+    names = set(eager_model.module.state_dict())
+    params = eager_model.gather(tm)
     if kind == "sharded":
         params = {n: shard(t, rank, world) for n, t in params.items()}
     buffers = cpu_copies((n, b) for n, b in tm.named_buffers() if n in names)
@@ -181,12 +183,17 @@ def _forward_backward(tm: Any, batch: Batch, rank: int) -> Tensors:
 
 
 def _moment(
-    when: str, reference: Reference, fresh: Any, tm: Any, loaded: Tensors | None = None, unlike: set[str] = frozenset()
+    when: str,
+    eager_model: EagerModel,
+    fresh: Any,
+    tm: Any,
+    loaded: Tensors | None = None,
+    unlike: set[str] = frozenset(),
 ) -> list[Compared]:
     """The two modules' weights and buffers now; a buffer in ``loaded`` must hold the value
     the checkpoint gave it, and one in ``unlike`` is not compared (each rank's went its own way
     before the checkpoint)."""
-    weights = [reference.gather(m) for m in (fresh, tm)]
+    weights = [eager_model.gather(m) for m in (fresh, tm)]
     resumed, uninterrupted = (
         {n: b for n, b in cpu_copies(m.named_buffers()).items() if n not in unlike} for m in (fresh, tm)
     )
@@ -202,12 +209,12 @@ def _unlike_on_ranks(tm: Any) -> set[str]:
 
 
 def _padding_cleared(
-    held: torch.Tensor, truth: torch.Tensor | None, reference: Reference, name: str, rank: int
+    held: torch.Tensor, truth: torch.Tensor | None, eager_model: EagerModel, name: str, rank: int
 ) -> torch.Tensor:
     """A shard with the rows past the parameter's end zeroed, as the kit's own shard pads:
     what Thunder keeps in its padding is never read, so it is nobody's to check. A shard of
     another shape is left as it is (the comparison names it)."""
-    full = reference.shapes.get(name)
+    full = eager_model.shapes.get(name)
     if full is None or truth is None or held.shape != truth.shape or not held.dim():
         return held
     valid = max(0, min(held.shape[0], full[0] - rank * held.shape[0]))

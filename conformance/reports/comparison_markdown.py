@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from conformance.reports.compare import KINDS, LISTED, Comparison, ItemChange, MetricChange, RunInfo
+from conformance.reports.comparison import KINDS, LISTED, Comparison, ItemChange, MetricChange, RunInfo
 from conformance.reports.noise import MEMORY, TIMING, thresholds
 
 TITLES = {
