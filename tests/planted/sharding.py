@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from fixtures import patterns
 from tests.planted.cells import ALL, DDP, FSDP, NONE, REAL
 from tests.planted.record import Expect, planted
 
@@ -83,7 +84,7 @@ def offset_off_past_first_rank() -> Iterator[None]:
     import thunder.distributed.transforms.fsdp_v2 as fsdp_v2
 
     def shard(param: Any, rank: int, world_size: int, *args: Any, **kwargs: Any) -> Any:
-        chunk = -(-param.shape[0] // world_size)
+        chunk = patterns.chunk_rows(param.shape[0], world_size)
         return _padded_shard(param, world_size, chunk, max(0, chunk * rank - 1))
 
     with pytest.MonkeyPatch.context() as mp:

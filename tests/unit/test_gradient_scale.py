@@ -13,6 +13,7 @@ import torch
 from conformance.checks.findings import Findings
 from conformance.checks.numerics.scale import judge_gradient_scale, scale_constants
 from conformance.matrix.cells import Cell
+from fixtures import patterns
 
 SHAPES = {"fc1.weight": (32, 24), "fc2.weight": (16, 32), "fc2.bias": (16,)}
 BF16 = torch.bfloat16
@@ -84,9 +85,8 @@ def test_one_ranks_rows_off_are_named() -> None:
     """A scale on the last rank's shard alone (the rows FSDP gives it) fails that rank's rows."""
     local, reduced = _ranks(2)
     found = Findings()
-    off = {
-        n: torch.cat([t[: -(-len(t) // 2)], (t[-(-len(t) // 2) :].float() * 1.01).to(BF16)]) for n, t in reduced.items()
-    }
+    first = {n: patterns.chunk_rows(len(t), 2) for n, t in reduced.items()}  # rank 0's rows
+    off = {n: torch.cat([t[: first[n]], (t[first[n] :].float() * 1.01).to(BF16)]) for n, t in reduced.items()}
     judge_gradient_scale(found, "gradient scale at step 0 (SGD)", off, local, BF16, [0.5], world=2)
     assert any("[rank 1's rows]" in f for f in found.failures), found.failures
     assert not any("[rank 0's rows]" in f for f in found.failures), found.failures
