@@ -149,8 +149,8 @@ class _Lockstep:
                 training.eager_peaks.update(_eager_peaks(eager_model, inputs[rank], cotangents[rank], device))
             if twin is not None and self.twin_buffers is not None:  # the float32 twin's, below float32
                 with self.twin_buffers.rank(rank, keep=False):
-                    twin = _eager_peaks(twin, float32_input(inputs[rank]), cotangents[rank].float(), device)
-                training.eager_peaks.update({f"float32 {k}": v for k, v in twin.items()})
+                    twin_peaks = _eager_peaks(twin, float32_input(inputs[rank]), cotangents[rank].float(), device)
+                training.eager_peaks.update({f"float32 {k}": v for k, v in twin_peaks.items()})
         # FSDP averages gradients over ranks: the eager loss is the mean of the ranks' losses.
         mean_loss(ref_outs, cotangents).backward()
         twin_outs = twin_at_thunder = local_at_thunder = None
