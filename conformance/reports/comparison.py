@@ -15,9 +15,9 @@ Every old → new outcome pair of an item (absent: not in that report), and why:
   regressions, a new item included: nothing said it would.
 - failed or error → anything but failed or error: fixed. failed → xfailed or unsupported is no
   capability lost: the item did not conform, so nothing conforming was lost.
-- error → failed, → xpassed, and xfailed, unsupported or skipped → passed, xfailed,
-  unsupported or skipped: another change (no regression: there was no conforming capability to
-  lose); absent → anything not failing: a new item.
+- anything not failing → xpassed: a new xpass. error → failed, xpassed → passed, and xfailed,
+  unsupported or skipped → passed, xfailed, unsupported or skipped: another change (no
+  regression: nothing that conformed is lost). absent → anything not failing: a new item.
 
 A metric beyond noise in the bad direction (more memory, more collectives or bytes gathered,
 more time) is a regression too. A regression named by an accepted pattern (its item id, cell
