@@ -1,8 +1,10 @@
 """python -m conformance.compare OLD NEW: two runs compared (each a report.json or a report
 folder); python -m conformance.compare --history DIR: every cell across nightly report folders.
 
-Exit status: 0 no regression, 1 a regression (an item newly failing or erroring, a metric
-beyond noise in the bad direction), 4 unreadable input (one line on stderr).
+Exit status: 0 no regression, 1 a regression (capability lost: an item that passed is
+xfailed, unsupported or skipped now, or vanished; an item newly failing or erroring; a metric
+beyond noise in the bad direction) that no --accept names, 4 unreadable input (one line on
+stderr).
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="*", type=Path, metavar="OLD NEW", help="two report.json files or report folders")
     parser.add_argument("--markdown", type=Path, metavar="FILE", help="write the Markdown here instead of stdout")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the comparison as JSON here too")
+    parser.add_argument(
+        "--accept",
+        action="append",
+        default=[],
+        metavar="CELL_OR_AREA",
+        help="an intended change: regressions of this item id, cell id or area (or fnmatch glob, e.g. '*-jit_ddp-*') "
+        "are listed as accepted and leave the exit status 0; repeatable",
+    )
     parser.add_argument("--history", type=Path, metavar="DIR", help="a folder of nightly report folders to picture")
     parser.add_argument("--out", type=Path, metavar="PNG", help="where --history writes (default: DIR/history.png)")
     args = parser.parse_args(argv)
@@ -36,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     except UnreadableReport as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return USAGE_ERROR
-    comparison = compare(old, new, str(args.runs[0]), str(args.runs[1]))
+    comparison = compare(old, new, str(args.runs[0]), str(args.runs[1]), accept=args.accept)
     text = markdown(comparison)
     if args.markdown is not None:
         args.markdown.write_text(text)

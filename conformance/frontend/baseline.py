@@ -1,7 +1,7 @@
 """--baseline: the run in progress against an earlier report. A memory item fails where a
 phase's measured peak grew beyond run-to-run noise over the baseline's (the thresholds and
 their measurement: ``reports/noise.py``); the whole comparison goes to summary.md and
-compare.json at session end (``reports/writer.py``)."""
+compare.json at session end, where capability lost sets exit status 1 (``reports/writer.py``)."""
 
 from __future__ import annotations
 
@@ -42,3 +42,14 @@ def grown(before: dict[str, int] | None, measured: dict[str, int]) -> list[str]:
                 f"(run-to-run noise: {threshold.describe()})"
             )
     return found
+
+
+def selects_all(config: pytest.Config) -> bool:
+    """Whether the run asks for the whole suite of its profile: no -k, -m, --deselect, --lf,
+    and no path but the suite's folder. Only then does a baseline's item missing from the run
+    mean that the item vanished, rather than that it was not asked for."""
+    option = config.option
+    if option.keyword or option.markexpr or option.deselect or getattr(option, "lf", False):
+        return False
+    suite = {config.rootpath, config.rootpath / "conformance"}
+    return all((config.invocation_params.dir / arg).resolve() in suite for arg in config.args)

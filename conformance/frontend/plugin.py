@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from conformance.checks.registry import applies
-from conformance.frontend import options
+from conformance.frontend import baseline, options
 from conformance.frontend.blame import KitError
 from conformance.frontend.runner import DEFAULT_XFAILS, RUNNER, Runner
 from conformance.frontend.verdict import Conformance
@@ -72,7 +72,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="REPORT",
         help="an earlier report.json (or its folder): a memory item fails where a phase's peak grew beyond "
-        "run-to-run noise over it; the whole comparison goes to summary.md and compare.json",
+        "run-to-run noise over it; the whole comparison goes to summary.md and compare.json; a capability lost "
+        "over it (an item that passed there is xfailed, unsupported, skipped or gone) makes exit status 1",
     )
     group.addoption(
         "--replay",
@@ -96,7 +97,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if report_dir is not None and not hasattr(config, "workerinput"):  # xdist workers report to the controller
         from conformance.reports.writer import Reporter
 
-        reporter = Reporter(report_dir, config.stash[RUNNER].session, baseline=config.getoption("baseline"))
+        reporter = Reporter(
+            report_dir,
+            config.stash[RUNNER].session,
+            baseline=config.getoption("baseline"),
+            whole_run=baseline.selects_all(config),
+        )
         config.pluginmanager.register(reporter, "conformance-reporter")
 
 

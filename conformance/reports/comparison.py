@@ -2,33 +2,57 @@
 metrics moved beyond run-to-run noise (``noise.py`` says how much each moves and where that
 was measured).
 
-A regression is an item that fails or errors now and did not before (a new item that fails
-included: nothing said it would), or a metric beyond noise in the bad direction (more
-memory, more collectives or bytes gathered, more time). Everything else is reported and
-leaves the comparison clean.
+Every old → new outcome pair of an item (absent: not in that report), and why:
+
+- passed → xfailed, unsupported or skipped: **capability lost**, a regression. The item
+  conformed and now is excused or tests nothing: a composition or executor the Thunder under
+  test stopped offering (unsupported says why), an xfails entry that now covers it. xpassed
+  counts as passed (it conformed; the kit's strict xfails never write it).
+- any → absent: **vanished**, a regression (capability lost too): the new run says nothing of
+  the item, so nothing shows the capability holds; a composition that Thunder stops offering
+  drops its cells out of the covering array.
+- any but error → error: newly erroring; any but failed or error → failed: newly failing. Both
+  regressions, a new item included: nothing said it would.
+- failed or error → anything but failed or error: fixed. failed → xfailed or unsupported is no
+  capability lost: the item did not conform, so nothing conforming was lost.
+- anything not failing → xpassed: a new xpass. error → failed, xpassed → passed, and xfailed,
+  unsupported or skipped → passed, xfailed, unsupported or skipped: another change (no
+  regression: nothing that conformed is lost). absent → anything not failing: a new item.
+
+A metric beyond noise in the bad direction (more memory, more collectives or bytes gathered,
+more time) is a regression too. A regression named by an accepted pattern (its item id, cell
+id or area, equal or matching as an fnmatch glob) is an intended change: listed as accepted,
+not counted.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from conformance.reports.noise import COLLECTIVES, MEMORY, TIMING, Noise, noise, thresholds
+from conformance.reports.outcomes import excuse
 
 BAD = ("failed", "error")
+CONFORMING = ("passed", "xpassed")
+EXCUSED = ("xfailed", "unsupported", "skipped")  # what a conforming item may become without failing
 
 # kinds of an item's change, in the order the Markdown lists them
+CAPABILITY_LOST = "capability lost"
+VANISHED = "vanished"
 NEWLY_FAILING = "newly failing"
 NEWLY_ERRORING = "newly erroring"
 FIXED = "fixed"
 NEW_XPASS = "new xpass"
 CHANGED = "outcome changed"
 NEW_ITEM = "new item"
-VANISHED = "vanished"
-KINDS = (NEWLY_FAILING, NEWLY_ERRORING, FIXED, NEW_XPASS, CHANGED, NEW_ITEM, VANISHED)
+KINDS = (CAPABILITY_LOST, VANISHED, NEWLY_FAILING, NEWLY_ERRORING, FIXED, NEW_XPASS, CHANGED, NEW_ITEM)
+REGRESSIONS = (CAPABILITY_LOST, VANISHED, NEWLY_FAILING, NEWLY_ERRORING)
+LOSSES = (CAPABILITY_LOST, VANISHED)
 
 LISTED = 50  # entries per list in the Markdown; the JSON has all
 
@@ -84,10 +108,12 @@ class ItemChange:
     old: str | None  # outcome; None where the item is absent
     new: str | None
     kind: str  # one of KINDS
+    reason: str | None = None  # why it is excused now: an unsupported item's reason, an xfailed one's entry
+    accepted: bool = False  # a regression that an accepted pattern names: an intended change
 
     @property
     def regression(self) -> bool:
-        return self.kind in (NEWLY_FAILING, NEWLY_ERRORING)
+        return self.kind in REGRESSIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +125,7 @@ class MetricChange:
     old: float
     new: float
     noise: Noise
+    accepted: bool = False
 
     @property
     def regression(self) -> bool:  # every metric compared is better smaller
@@ -111,16 +138,29 @@ class Comparison:
     new: RunInfo
     items: list[ItemChange]
     metrics: list[MetricChange]  # only those beyond noise
+    accept: tuple[str, ...] = ()  # the accepted patterns, as given
+    unused: tuple[str, ...] = ()  # accepted patterns that name no regression
 
     @property
     def regressions(self) -> int:
-        return sum(c.regression for c in self.items) + sum(m.regression for m in self.metrics)
+        """Regressions not accepted: what sets the exit status."""
+        changes: list[ItemChange | MetricChange] = [*self.items, *self.metrics]
+        return sum(c.regression and not c.accepted for c in changes)
+
+    @property
+    def capability_lost(self) -> list[ItemChange]:
+        """Items not accepted that conformed before and are excused, skipped or gone now."""
+        return [c for c in self.items if c.kind in LOSSES and not c.accepted]
 
     def to_json(self) -> dict[str, Any]:
         return {
             "old": dataclasses.asdict(self.old),
             "new": dataclasses.asdict(self.new),
             "regressions": self.regressions,
+            "capability_lost": len(self.capability_lost),
+            "accepted": sum(c.regression and c.accepted for c in [*self.items, *self.metrics]),
+            "accept": list(self.accept),
+            "accepted_but_unchanged": list(self.unused),
             "items": [{**dataclasses.asdict(c), "regression": c.regression} for c in self.items],
             "metrics": [
                 {**dataclasses.asdict(m), "noise": m.noise.describe(), "regression": m.regression} for m in self.metrics
@@ -129,8 +169,16 @@ class Comparison:
         }
 
 
-def compare(old: dict[str, Any], new: dict[str, Any], old_name: str = "old", new_name: str = "new") -> Comparison:
-    """What changed from the report ``old`` to the report ``new``."""
+def compare(
+    old: dict[str, Any],
+    new: dict[str, Any],
+    old_name: str = "old",
+    new_name: str = "new",
+    accept: Iterable[str] = (),
+) -> Comparison:
+    """What changed from the report ``old`` to the report ``new``; a regression that a pattern
+    of ``accept`` names is accepted."""
+    accept = tuple(accept)
     before = {c["id"]: c for c in old["cells"]}
     after = {c["id"]: c for c in new["cells"]}
     items = [
@@ -149,7 +197,27 @@ def compare(old: dict[str, Any], new: dict[str, Any], old_name: str = "old", new
         if threshold.beyond(was, now):
             changed.append(MetricChange(*key, kind=kind, old=was, new=now, noise=threshold))
     changed.sort(key=lambda m: (not m.regression, m.kind, m.cell, m.area or "", m.metric))
-    return Comparison(RunInfo.of(old_name, old), RunInfo.of(new_name, new), items, changed)
+    used: set[str] = set()
+    items = [_accepted(c, accepts(accept, c.item, c.cell, c.area), used) for c in items]
+    changed = [_accepted(m, accepts(accept, m.cell, m.area), used) for m in changed]
+    unused = tuple(p for p in accept if p not in used)
+    return Comparison(RunInfo.of(old_name, old), RunInfo.of(new_name, new), items, changed, accept, unused)
+
+
+def accepts(patterns: Iterable[str], *names: str | None) -> set[str]:
+    """The patterns that name one of ``names`` (an item's id, its cell, its area): equal to it
+    (an item id's brackets are no glob), or matching it as an fnmatch glob."""
+    return {p for p in patterns for n in names if n is not None and (n == p or fnmatch.fnmatchcase(n, p))}
+
+
+Change = TypeVar("Change", ItemChange, MetricChange)
+
+
+def _accepted(change: Change, matched: set[str], used: set[str]) -> Change:
+    if not change.regression or not matched:
+        return change
+    used.update(matched)
+    return dataclasses.replace(change, accepted=True)
 
 
 def _item_change(item: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> ItemChange | None:
@@ -165,6 +233,8 @@ def _item_change(item: str, old: dict[str, Any] | None, new: dict[str, Any] | No
         kind = NEWLY_FAILING
     elif old is None:
         kind = NEW_ITEM
+    elif was in CONFORMING and now in EXCUSED:
+        kind = CAPABILITY_LOST
     elif was in BAD and now not in BAD:
         kind = FIXED
     elif now == "xpassed":
@@ -172,7 +242,8 @@ def _item_change(item: str, old: dict[str, Any] | None, new: dict[str, Any] | No
     else:
         kind = CHANGED
     either = new or old or {}
-    return ItemChange(item, either.get("cell"), either.get("area"), was, now, kind)
+    reason = excuse(new) if kind == CAPABILITY_LOST and new is not None else None
+    return ItemChange(item, either.get("cell"), either.get("area"), was, now, kind, reason)
 
 
 def metrics(items: Iterable[dict[str, Any]]) -> dict[tuple[str, str | None, str], tuple[str, float]]:

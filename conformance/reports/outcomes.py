@@ -1,8 +1,12 @@
 """Outcome names of an item, read from pytest's reports. "unsupported" is the kit's own: a
 composition the Thunder under test does not offer, reported as a skip with a known prefix.
-"error" is the kit's own failure (conformance/frontend/blame.py), never Thunder's."""
+"error" is the kit's own failure (conformance/frontend/blame.py), never Thunder's. ``excuse``
+reads back from a report's item why it is excused."""
 
 from __future__ import annotations
+
+import ast
+from typing import Any
 
 import pytest
 
@@ -40,3 +44,21 @@ def outcome(report: pytest.TestReport) -> str:
     if report.when != "call" and report.failed:
         return "error"
     return report.outcome
+
+
+def excuse(item: dict[str, Any]) -> str | None:
+    """Why an item is excused, in one line: the reason of an unsupported item (its message is
+    pytest's skip: ``(file, line, 'Skipped: unsupported: REASON')``) or an xfailed one's entry."""
+    if item["outcome"] == "xfailed":
+        text = item.get("xfail_reason")
+    else:
+        text = item.get("message")
+        try:
+            skip = ast.literal_eval(text) if isinstance(text, str) else None
+        except (ValueError, SyntaxError):
+            skip = None
+        if isinstance(skip, tuple) and len(skip) == 3 and isinstance(skip[2], str):
+            text = skip[2]
+        if isinstance(text, str):
+            text = text.removeprefix("Skipped: ").removeprefix(UNSUPPORTED)
+    return text.strip().splitlines()[0] if isinstance(text, str) and text.strip() else None

@@ -1,6 +1,7 @@
 """The report writer: report.jsonl as each item finishes, report.json, summary.md,
 memory.png and (with simulated cells) scale.png at the end; with a baseline report,
-compare.json and the comparison appended to summary.md.
+compare.json and the comparison appended to summary.md, and exit status 1 where a capability
+was lost over the baseline and nothing else failed.
 
 Everything is built from pytest's own reports (and the user_properties that each item of
 the suite attaches), so the files agree with pytest's exit status and its --junitxml.
@@ -19,7 +20,7 @@ import pytest
 from conformance.matrix.cells import Cell
 from conformance.matrix.coverage import coverage, unmet_pairs
 from conformance.reports import environment
-from conformance.reports.comparison import compare, read_report
+from conformance.reports.comparison import VANISHED, Comparison, ItemChange, compare, read_report
 from conformance.reports.comparison_markdown import markdown
 from conformance.reports.figures import memory_figure
 from conformance.reports.outcomes import outcome, plain_nodeid
@@ -27,11 +28,17 @@ from conformance.reports.scale import scale_figure
 from conformance.reports.session import SessionInfo
 from conformance.reports.summary import summary
 
+PART_OF_SUITE = "This run asked for part of the suite: the baseline's items it did not run set no exit status."
+
 
 class Reporter:
-    def __init__(self, report_dir: Path, session: SessionInfo, baseline: Path | None = None) -> None:
+    def __init__(
+        self, report_dir: Path, session: SessionInfo, baseline: Path | None = None, whole_run: bool = True
+    ) -> None:
         self.dir = report_dir
         self.session = session
+        # a run of part of the suite (-k, a path) misses the baseline's other items without losing them
+        self.whole_run = whole_run
         # read now: the run may write its report.json over the baseline's (the same folder)
         self.baseline = (str(baseline), read_report(baseline)) if baseline is not None else None
         self.records: dict[str, dict[str, Any]] = {}
@@ -86,13 +93,34 @@ class Reporter:
             "counts": counts,
             "cells": records,
         }
+        comparison = None
+        if self.baseline is not None:
+            name, old = self.baseline
+            comparison = compare(old, report, name, str(self.dir))
+            lost = lost_over_baseline(comparison, self.whole_run)
+            if lost and exitstatus == pytest.ExitCode.OK:
+                # every item conformed or was excused, but something that conformed no longer does
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+                report["exit_status"] = int(session.exitstatus)
+                terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+                if terminal is not None:
+                    cells = len({c.cell or c.item for c in lost})
+                    terminal.write_line(
+                        f"exit status 1: {len(lost)} items of {cells} cells lost a capability over the baseline "
+                        f"(summary.md: Capability lost)"
+                    )
         (self.dir / "report.json").write_text(json.dumps(report, indent=2))
         figure = "memory.png" if memory_figure(report, self.dir / "memory.png") else None
         scale = "scale.png" if scale_figure(report, self.dir / "scale.png") else None
         text = summary(report, self.session.repro, figure, scale)
-        if self.baseline is not None:
-            name, old = self.baseline
-            comparison = compare(old, report, name, str(self.dir))
+        if comparison is not None:
             (self.dir / "compare.json").write_text(json.dumps(comparison.to_json(), indent=2))
-            text = text.rstrip("\n") + "\n\n" + markdown(comparison)
+            note = None if self.whole_run else PART_OF_SUITE
+            text = text.rstrip("\n") + "\n\n" + markdown(comparison, note=note)
         (self.dir / "summary.md").write_text(text)
+
+
+def lost_over_baseline(comparison: Comparison, whole_run: bool) -> list[ItemChange]:
+    """What a run lost over its baseline (``Comparison.capability_lost``): an item missing from a
+    run of part of the suite is left out, it was not asked for."""
+    return [c for c in comparison.capability_lost if whole_run or c.kind != VANISHED]
