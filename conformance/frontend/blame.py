@@ -5,7 +5,9 @@ innermost frame of the kit's or Thunder's code on its traceback is Thunder's (Th
 torch, which raised: still Thunder's); it is the kit's when that frame is the kit's: a check
 that crashed on what Thunder produced, or an assumption about Thunder's API that this
 version does not meet (``TraceTag.BACKWARD`` on 0.2.1), and also a kit transform that
-Thunder called. Frames of torch, the standard library and pytest decide nothing.
+Thunder called. Frames of torch, the standard library and pytest decide nothing, nor do the
+frames of the kit's instrumentation (``INSTRUMENTATION``) through which Thunder's calls pass
+without the kit deciding anything there.
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ from conformance.world.launch import ROOT
 KIT_PACKAGES = ("conformance", "fixtures", "transforms")
 KIT = "kit"
 THUNDER = "thunder"
+
+# The kit's instrumentation: (file under the kit's root, function) of code that wraps Thunder's
+# calls only to observe them. The memory tracker's dispatch mode forwards every torch op that
+# Thunder issues while a phase is measured, so torch raising there raises through its frame:
+# Thunder's call all the same. Such a frame is passed over where it called something that raised;
+# where it raised itself (the innermost frame of the traceback), it is the kit's. A kit test
+# holds the list to every dispatch or function mode the kit defines.
+INSTRUMENTATION: frozenset[tuple[str, str]] = frozenset({("conformance/rank/measure.py", "__torch_dispatch__")})
 
 
 class KitError(Exception):
@@ -67,12 +77,22 @@ def owner_of(file: str, thunder_root: Path | None) -> str | None:
     return None
 
 
+def instrumentation(frame: Frame) -> bool:
+    """Whether ``frame`` is one of the kit's instrumentation functions (``INSTRUMENTATION``)."""
+    path = Path(frame.file).resolve()
+    if not path.is_relative_to(ROOT):
+        return False
+    return (path.relative_to(ROOT).as_posix(), frame.function) in INSTRUMENTATION
+
+
 def blame(frames: Iterable[Mapping[str, Any]] | None) -> Blame:
-    """The owner of the innermost frame that is the kit's or Thunder's (frames outermost first)."""
+    """The owner of the innermost frame that is the kit's or Thunder's (frames outermost first),
+    the kit's instrumentation passed over where it only forwarded a call that raised."""
     thunder_root = _thunder_root()
-    for raw in reversed(list(frames or ())):
-        frame = Frame(str(raw["file"]), int(raw["line"]), str(raw["function"]))
+    listed = [Frame(str(raw["file"]), int(raw["line"]), str(raw["function"])) for raw in frames or ()]
+    for depth, frame in enumerate(reversed(listed)):
         owner = owner_of(frame.file, thunder_root)
-        if owner is not None:
-            return Blame(owner, frame)
+        if owner is None or (owner == KIT and depth > 0 and instrumentation(frame)):
+            continue
+        return Blame(owner, frame)
     return Blame(None, None)

@@ -72,7 +72,8 @@ class Conformance:
         if not outcome.ok:
             _raise_if_kit(cell, area, outcome, repro)
             names = _rank_names(cell, len(outcome.results))
-            pytest.fail(f"cell {cell.id} did not run to completion\n{outcome.describe(names)}\n{repro}", pytrace=False)
+            head = f"cell {cell.id} did not run to completion{_thunder_raised(outcome)}"
+            pytest.fail(f"{head}\n{outcome.describe(names)}\n{repro}", pytrace=False)
         results = [a for a in answers if a is not None]
         unsupported = {r.unsupported for r in results if r.unsupported is not None}
         if unsupported:
@@ -147,6 +148,14 @@ def _raise_if_kit(cell: Cell, area: str, outcome: Outcome, repro: str) -> None:
             detail = f"{r.error or ''}\n{repro}"
             rank = _rank_names(cell, len(outcome.results))[r.rank]
             raise KitError(_kit_message(cell, area, who, f"rank {rank}: the cell raised", detail))
+
+
+def _thunder_raised(outcome: Outcome) -> str:
+    """Where Thunder raised, for the first rank whose task raised in Thunder's code, or ""."""
+    for r in outcome.culprits():
+        if r.status == protocol.FAILED and (who := blame(r.frames)).owner == THUNDER:
+            return f": Thunder raised at {who.frame}"
+    return ""
 
 
 def _kit_message(cell: Cell, area: str, who: Blame, what: str, detail: str) -> str:

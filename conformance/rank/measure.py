@@ -49,7 +49,14 @@ class _StorageTracker(TorchDispatchMode):
         self._refs: dict[int, weakref.ref] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        # only forwards: blame passes over this frame (``blame.INSTRUMENTATION``), so what the op
+        # raises is its caller's; the kit's own bookkeeping is in ``_track``, blamed as the kit's
         out = func(*args, **(kwargs or {}))
+        self._track(args, kwargs, out)
+        return out
+
+    def _track(self, args: Any, kwargs: Any, out: Any) -> None:
+        """Count the storages that the op's outputs newly hold on the device."""
         inputs = {
             t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
         }
@@ -64,7 +71,6 @@ class _StorageTracker(TorchDispatchMode):
             self.live += nbytes
             self.peak = max(self.peak, self.live)
             self._refs[ptr] = weakref.ref(storage, lambda _, ptr=ptr, n=nbytes: self._free(ptr, n))
-        return out
 
     def _free(self, ptr: int, nbytes: int) -> None:
         self.live -= nbytes

@@ -1,12 +1,14 @@
 """The executors axis without a GPU: what each value hands ``thunder.jit``, why a value the
-environment lacks is refused (a CPU world, a CUDA device without nvFuser, nvFuser found), the
-ids it gives cells, and collectives counted where an executor fused them into a region.
+environment lacks is refused (a CPU world, a CUDA device without nvFuser, nvFuser found,
+torch.compile without Triton or a C compiler), the ids it gives cells, and collectives
+counted where an executor fused them into a region.
 
 Which cells the profiles give the axis is tests/unit/test_profiles.py's business."""
 
 from __future__ import annotations
 
 import json
+import sys
 import types
 
 import pytest
@@ -65,17 +67,27 @@ def test_a_cuda_device_without_nvfuser_names_what_is_missing(monkeypatch: pytest
         executors._nvfuser_unsupported.cache_clear()
 
 
-def test_a_torch_compile_that_does_not_run_is_the_environments_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    import thunder
+def test_torch_compile_without_what_its_kernels_need_is_the_environments_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import thunder.extend
+    import torch.utils._triton
 
     def broken(*args: object, **kwargs: object) -> object:
-        raise RuntimeError("no C++ compiler")
+        raise RuntimeError("planted: Thunder's torchcompile broke")
 
-    executors._torchcompile_unsupported.cache_clear()
-    monkeypatch.setattr(thunder, "jit", broken)
+    monkeypatch.setattr(thunder.extend, "get_executor", lambda name: object())
+    monkeypatch.setattr(thunder, "jit", broken)  # never asked: a breakage is the cells' to show
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CC", raising=False)
     try:
-        why = executors._torchcompile_unsupported(CUDA)
-        assert why == "torch.compile does not run on cuda:0 here: RuntimeError: no C++ compiler"
+        for triton, why in ((False, "Triton, which is not installed or does not support cuda:0"), (True, "C compiler")):
+            executors._torchcompile_unsupported.cache_clear()
+            monkeypatch.setattr(torch.utils._triton, "has_triton", lambda triton=triton: triton)
+            assert why in executors._torchcompile_unsupported(CUDA)
+        executors._torchcompile_unsupported.cache_clear()
+        monkeypatch.setenv("CC", sys.executable)  # an executable named by CC, as Triton reads it
+        assert executors._torchcompile_unsupported(CUDA) is None
     finally:
         executors._torchcompile_unsupported.cache_clear()
 

@@ -1,0 +1,86 @@
+"""Whose code raised, read from synthetic tracebacks: the innermost frame of Thunder's or the
+kit's code decides, the kit's instrumentation (the memory tracker's dispatch mode, which every
+torch op Thunder issues under measurement passes through) passed over where it only forwarded
+the op that raised."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conformance.frontend.blame import INSTRUMENTATION, KIT, THUNDER, _thunder_root, blame
+from conformance.world.launch import ROOT
+
+TORCH = str(Path(__import__("torch").__file__).parent / "_ops.py")
+C10D = str(Path(__import__("torch").__file__).parent / "distributed" / "distributed_c10d.py")
+MEASURE = str(ROOT / "conformance" / "rank" / "measure.py")
+
+
+def _thunder(path: str) -> str:
+    root = _thunder_root()
+    assert root is not None, "the kit's tests run beside the Thunder under test"
+    return str(root / path)
+
+
+def frame(file: str, function: str, line: int = 1) -> dict[str, object]:
+    return {"file": file, "line": line, "function": function}
+
+
+# the kit composes the model under measurement; Thunder's DDP broadcasts; torch's op passes
+# through the kit's dispatch mode, then raises
+SETUP = [
+    frame(str(ROOT / "conformance" / "rank" / "entry.py"), "drive"),
+    frame(str(ROOT / "conformance" / "rank" / "build.py"), "compose"),
+    frame(str(ROOT / "fixtures" / "compositions.py"), "ddp_jit"),
+    frame(_thunder("distributed/__init__.py"), "ddp"),
+    frame(_thunder("distributed/transforms/ddp_v2.py"), "transform_module", 76),
+    frame(C10D, "broadcast"),
+]
+
+
+def test_a_torch_op_raising_through_the_kits_dispatch_mode_is_thunders() -> None:
+    who = blame([*SETUP, frame(MEASURE, "__torch_dispatch__"), frame(TORCH, "__call__")])
+    assert who.owner == THUNDER
+    assert who.frame is not None and (who.frame.function, who.frame.line) == ("transform_module", 76)
+
+
+def test_the_kits_own_logic_innermost_is_the_kits() -> None:
+    # the tracker's bookkeeping raised after the op returned
+    who = blame([*SETUP, frame(MEASURE, "__torch_dispatch__"), frame(MEASURE, "_track", 60)])
+    assert who.owner == KIT and who.frame is not None and who.frame.function == "_track"
+    # a check that asked torch and torch raised
+    gather = frame(str(ROOT / "conformance" / "rank" / "gather.py"), "gather")
+    assert blame([*SETUP[:2], gather, frame(C10D, "all_gather")]).owner == KIT
+
+
+def test_instrumentation_that_raised_itself_is_the_kits() -> None:
+    who = blame([*SETUP, frame(MEASURE, "__torch_dispatch__", 55)])  # innermost: no op below it
+    assert who.owner == KIT and who.frame is not None and who.frame.function == "__torch_dispatch__"
+
+
+def test_frames_of_neither_decide_nothing() -> None:
+    assert blame([frame(C10D, "broadcast"), frame(TORCH, "__call__")]).owner is None
+    assert blame([frame(MEASURE, "__torch_dispatch__"), frame(TORCH, "__call__")]).owner is None
+    assert blame(None).owner is None
+
+
+def _modes_and_instrumentation() -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """(every dispatch or function mode's hook the kit defines, every function of the kit's code)"""
+    hooks, functions = set(), set()
+    for package in ("conformance", "fixtures", "transforms"):
+        for path in (ROOT / package).rglob("*.py"):
+            rel = path.relative_to(ROOT).as_posix()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    functions.add((rel, node.name))
+                    if node.name in ("__torch_dispatch__", "__torch_function__"):
+                        hooks.add((rel, node.name))
+    return hooks, functions
+
+
+def test_instrumentation_is_declared_and_exists() -> None:
+    hooks, functions = _modes_and_instrumentation()
+    assert ("conformance/rank/measure.py", "__torch_dispatch__") in hooks  # the memory tracker's
+    assert hooks <= INSTRUMENTATION, f"a mode of the kit's that blame would take for the kit's logic: {hooks}"
+    missing = INSTRUMENTATION - functions
+    assert not missing, f"declared instrumentation that the kit no longer has: {missing}"
