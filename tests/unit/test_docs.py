@@ -213,6 +213,27 @@ def test_named_paths_and_modules_exist(doc: Path) -> None:
     assert stale_names(doc) == []
 
 
+# a planted bug cited as shown caught: the first column of a check page's "planted bug" table,
+# or the README's "smallest regression shown caught" column (`name`: what it does)
+_CITED_BUG = re.compile(r"^\| `([a-z0-9_]+)` \||\| `([a-z0-9_]+)`: [^|]*\| \[")
+
+
+def cited_bugs(doc: Path) -> set[str]:
+    return {a or b for line in doc.read_text().splitlines() if (m := _CITED_BUG.search(line)) for a, b in [m.groups()]}
+
+
+CITING = [ROOT / "README.md", *sorted((ROOT / "docs" / "checks").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", CITING, ids=lambda p: p.name)
+def test_cited_planted_bugs_exist(doc: Path) -> None:
+    from tests.planted.registry import BUGS
+
+    cited = cited_bugs(doc)
+    assert cited, f"{doc.name} cites no planted bug"
+    assert sorted(cited - set(BUGS)) == []
+
+
 def test_findings_page_is_generated_from_the_xfails_file() -> None:
     assert not findings_stale(), "docs/findings.md is stale: run python tools/findings_doc.py --write"
 
@@ -291,6 +312,15 @@ def test_an_oversized_readme_is_caught(planted: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(sys.modules[__name__], "ROOT", planted)
     with pytest.raises(AssertionError, match="more than 15000"):
         test_readme_is_a_front_door()
+
+
+def test_a_cited_bug_that_does_not_exist_is_caught(tmp_path: Path) -> None:
+    page = tmp_path / "area.md"
+    page.write_text("| planted bug | what |\n|---|---|\n| `gradient_off_later_step` | 1% |\n| `no_such_bug` | x |\n")
+    row = "| numerics | holds | `gradients_nowhere`: one step off | [numerics](docs/checks/numerics.md) |\n"
+    (tmp_path / "README.md").write_text(row)
+    assert cited_bugs(page) == {"gradient_off_later_step", "no_such_bug"}
+    assert cited_bugs(tmp_path / "README.md") == {"gradients_nowhere"}
 
 
 def test_slugs_are_githubs() -> None:
