@@ -17,7 +17,7 @@ from conformance.checks.registry import AREAS, applies
 from conformance.frontend import baseline
 from conformance.frontend.blame import KIT, THUNDER, Blame, KitError, blame
 from conformance.frontend.runner import Runner
-from conformance.frontend.xfails import Expectation, KnownNonConformance
+from conformance.frontend.xfails import Expectation, KnownNonConformance, known_elsewhere
 from conformance.matrix import simulated
 from conformance.matrix.cells import Cell
 from conformance.reports.outcomes import UNSUPPORTED
@@ -98,6 +98,11 @@ class Conformance:
             measured = results[0].areas[area].metrics["measured"]
             for msg in baseline.grown(self.runner.baseline.get(cell.id), measured):
                 failures.setdefault(msg, []).append(0)
+        self._judge(cell, area, failures, repro, record)
+
+    def _judge(self, cell: Cell, area: str, failures: dict[str, list[int]], repro: str, record: bool) -> None:
+        """The item's verdict on its failures (message -> ranks): conforms (returns), known
+        (KnownNonConformance), stale or not conforming (pytest.fail)."""
         known = self.runner.known(cell, area)
         if not failures:
             if known:  # never a silent XPASS: the entry would mask the next regression
@@ -109,10 +114,15 @@ class Conformance:
             f"  ranks {ranks}: {msg}" + ("" if msg in unexplained else "  [expected: xfails]")
             for msg, ranks in failures.items()
         ]
-        message = "\n".join([*lines, repro])
-        if unexplained:
-            pytest.fail(message, pytrace=False)
-        raise KnownNonConformance(message)
+        if not unexplained:
+            raise KnownNonConformance("\n".join([*lines, repro]))
+        # entries for other Thunder versions excuse nothing, but say which failures are upstream's
+        elsewhere = known_elsewhere(
+            cell, area, self.runner.thunder_version, self.runner.session.backend, self.runner.expectations, unexplained
+        )
+        if record and elsewhere:
+            self.node.user_properties.append(("known_elsewhere", json.dumps([k.to_json() for k in elsewhere])))
+        pytest.fail("\n".join([*lines, *(k.note for k in elsewhere), repro]), pytrace=False)
 
     def _record(self, cell: Cell, area: str, outcome: Outcome, answers: list[CellResult | None]) -> None:
         """The item's user_properties (pytest's JUnit writer turns them into <property>s)."""

@@ -14,6 +14,9 @@ Only the failures an entry names become an expected failure: any other failure o
 item still fails, and an item that an entry covers but that conforms fails as well, naming the
 entry as stale. Where the Thunder version is unknown (no package metadata, or not a PEP 440
 version) no entry covers anything: every failure then counts, and no entry is called stale.
+An entry that names the cell and would explain a failure but holds for other versions only
+(a fork's version, say) excuses nothing either: the failing item's message names it
+(``known_elsewhere``), so an upstream non-conformance can be told from a new one.
 
 A file that cannot be read, is not TOML, or holds an unknown or missing field, a bad template
 or a bad specifier raises ``XfailsError`` with one line naming the file (and the entry's line).
@@ -106,7 +109,12 @@ class Expectation:
     def covers(self, cell: Cell, area: str, thunder_version: str | None, backend: str | None = None) -> bool:
         """Whether the entry holds for ``cell``'s ``area`` on this Thunder version and, where
         the entry names backends, on the session's ``backend``."""
-        if area != self.area or not self.holds_for(thunder_version):
+        return self.holds_for(thunder_version) and self.names(cell, area, backend)
+
+    def names(self, cell: Cell, area: str, backend: str | None = None) -> bool:
+        """Whether the entry names ``cell``'s ``area`` (and the session's ``backend``, where it
+        names backends), whatever Thunder versions it holds for."""
+        if area != self.area:
             return False
         on = {BACKEND: backend}
         value = lambda axis: on[axis] if axis in on else getattr(cell, axis)  # noqa: E731
@@ -117,6 +125,61 @@ class Expectation:
         # difference) describe the tensors, not what failed
         head = failure.split("\n", 1)[0]
         return any(pattern.fullmatch(head) for pattern in self.patterns)
+
+
+def first_sentence(text: str) -> str:
+    """Up to the first full stop followed by a capital letter (as findings.md shows reasons)."""
+    return re.split(r"(?<=[.!?])\s+(?=[A-Z])", text.strip(), maxsplit=1)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownElsewhere:
+    """An entry that names an item's cell and area and would explain some of its unexpected
+    failures, but that does not hold for the Thunder under test: a fork, or a version the
+    file was not measured on. It excuses nothing; it tells an upstream failure from a new one."""
+
+    entry: str  # FILE:LINE of the entry
+    thunder: list[str]  # its specifiers
+    explains: list[str]  # the first lines of the failures it would explain
+    note: str  # the line the item's failure message carries
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def known_elsewhere(
+    cell: Cell,
+    area: str,
+    thunder_version: str | None,
+    backend: str | None,
+    entries: list[Expectation],
+    unexpected: list[str],
+) -> list[KnownElsewhere]:
+    """The entries naming ``cell``'s ``area`` that do not hold for ``thunder_version`` but would
+    explain some of the ``unexpected`` failures (those no entry holding for it explains), one
+    each, in file order."""
+    if thunder_version is None:
+        tested = "; the version under test is unknown"
+    else:
+        try:
+            Version(thunder_version)
+            tested = f", not declared for {thunder_version}"
+        except InvalidVersion:
+            tested = f"; the version under test is unknown ({thunder_version!r} is not a PEP 440 version)"
+    found = []
+    for entry in entries:
+        if entry.holds_for(thunder_version) or not entry.names(cell, area, backend):
+            continue
+        explained = [failure.split("\n", 1)[0] for failure in unexpected if entry.explains(failure)]
+        if not explained:
+            continue
+        which = ""
+        if len(explained) < len(unexpected):  # name them: the others are new on any version
+            quoted = "; ".join(f'"{head}"' for head in explained)
+            which = f", for {len(explained)} of the {len(unexpected)} unexpected failures ({quoted})"
+        note = f"known on {', '.join(entry.thunder)} ({entry.source}){tested}{which}: {first_sentence(entry.reason)}"
+        found.append(KnownElsewhere(entry.source, list(entry.thunder), explained, note))
+    return found
 
 
 def _header_lines(text: str) -> list[int]:

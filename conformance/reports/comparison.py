@@ -12,7 +12,9 @@ Every old → new outcome pair of an item (absent: not in that report), and why:
   the item, so nothing shows the capability holds; a composition that Thunder stops offering
   drops its cells out of the covering array.
 - any but error → error: newly erroring; any but failed or error → failed: newly failing. Both
-  regressions, a new item included: nothing said it would.
+  regressions, a new item included: nothing said it would. A newly failing item that an
+  xfails entry for other Thunder versions would explain (``known_elsewhere``) is one too,
+  named with those versions ("known on ..."): upstream's, on a version the file does not declare.
 - failed or error → anything but failed or error: fixed. failed → xfailed or unsupported is no
   capability lost: the item did not conform, so nothing conforming was lost.
 - anything not failing → xpassed: a new xpass. error → failed, xpassed → passed, and xfailed,
@@ -110,6 +112,9 @@ class ItemChange:
     kind: str  # one of KINDS
     reason: str | None = None  # why it is excused now: an unsupported item's reason, an xfailed one's entry
     accepted: bool = False  # a regression that an accepted pattern names: an intended change
+    # a newly failing item's xfails entries for other Thunder versions (their specifiers): an
+    # upstream non-conformance on a version the file does not declare, not a new one
+    known_on: str | None = None
 
     @property
     def regression(self) -> bool:
@@ -243,7 +248,9 @@ def _item_change(item: str, old: dict[str, Any] | None, new: dict[str, Any] | No
         kind = CHANGED
     either = new or old or {}
     reason = excuse(new) if kind == CAPABILITY_LOST and new is not None else None
-    return ItemChange(item, either.get("cell"), either.get("area"), was, now, kind, reason)
+    elsewhere = ((new or {}).get("known_elsewhere") or []) if kind == NEWLY_FAILING else []
+    known_on = "; ".join(dict.fromkeys(", ".join(k["thunder"]) for k in elsewhere)) or None
+    return ItemChange(item, either.get("cell"), either.get("area"), was, now, kind, reason, known_on=known_on)
 
 
 def metrics(items: Iterable[dict[str, Any]]) -> dict[tuple[str, str | None, str], tuple[str, float]]:

@@ -112,7 +112,11 @@ def _entries(changes: list[ItemChange]) -> list[str]:
             f"`{cell}`{_areas(a)}: {old} → {new}{f': {reason}' if reason else ''}"
             for (cell, old, new, reason), a in areas.items()
         ]
-    return [f"`{c.cell or c.item}`{f' ({c.area})' if c.area else ''}: {c.old or 'absent'} → {c.new}" for c in changes]
+    return [
+        f"`{c.cell or c.item}`{f' ({c.area})' if c.area else ''}: {c.old or 'absent'} → {c.new}"
+        + (f" (known on {c.known_on})" if c.known_on else "")
+        for c in changes
+    ]
 
 
 def _areas(areas: list[str]) -> str:

@@ -65,6 +65,8 @@ def summary(
             lines += [f"## {title}", ""]
             for c in items:
                 first = (c.get("message") or "").strip().splitlines()[:12]
+                # what xfails entries for other Thunder versions would explain, though the findings fill the lines
+                first += [k["note"] for k in c.get("known_elsewhere", []) if k["note"] not in first]
                 lines += [f"### `{c['id']}`", "", "```", *first, "```", "", f"Repro: `{repro(c['id'])}`", ""]
     xfailed = [c for c in report["cells"] if c["outcome"] == "xfailed"]
     if xfailed:
