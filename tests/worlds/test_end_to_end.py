@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
-    return run_suite(tmp_path_factory.mktemp("e2e"))
+    # The whole ci profile: the timeout only guards against a hang (each cell has a deadline
+    # of its own), so it leaves room for a slow 2-core host, where the profile ran past 600 s
+    return run_suite(tmp_path_factory.mktemp("e2e"), timeout=1500)
 
 
 def unsupported(run: SuiteRun) -> dict[str, str]:
