@@ -56,6 +56,7 @@ def check(config: pytest.Config) -> None:
     workers = xdist_place(config).workers
     config.option.nproc = _nproc(config.option.nproc, workers)
     config.option.cell_timeout = _cell_timeout(config.option.cell_timeout)
+    config.option.max_idle_worlds = _whole_number(config.option.max_idle_worlds, "--max-idle-worlds", 0, "worlds")
     config.option.min_gpus = _min_gpus(config.option.min_gpus, workers)
     if config.option.backend == "nccl":
         _enough_gpus(config.option.nproc, workers)

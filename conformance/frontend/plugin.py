@@ -20,6 +20,7 @@ from conformance.frontend.blame import KitError
 from conformance.frontend.runner import DEFAULT_XFAILS, RUNNER, Runner
 from conformance.frontend.verdict import Conformance
 from conformance.frontend.xfails import KnownNonConformance
+from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import PROFILES
 from conformance.reports.outcomes import is_unsupported
 
@@ -57,6 +58,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--cell-timeout", default=300.0, help="seconds a cell may run before its world is killed (> 0)")
     group.addoption("--isolate", action="store_true", help="start a fresh world for every cell instead of reusing one")
+    group.addoption(
+        "--max-idle-worlds",
+        default=1,
+        metavar="N",
+        help="worlds kept waiting while another runs (default 1; each holds its ranks' memory): beyond N the "
+        "least recently used is closed, and without xdist a world no remaining item needs is closed at once",
+    )
     group.addoption("--report-dir", type=Path, default=None, help="write report.json, report.jsonl, summary.md here")
     group.addoption(
         "--profile",
@@ -145,6 +153,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if unused:
         config.hook.pytest_deselected(items=unused)
         items[:] = [i for i in items if i not in unused]
+    runner = config.stash[RUNNER]
+    # Verdict first: every area of a cell in a row, so that -x stops right after the first
+    # cell with a failing area, and each world's cells in one block, so that a world is
+    # closed as soon as no later item needs it (see pytest_runtest_logfinish).
+    items.sort(key=lambda item: runner.position(_cell_of(item)))
+    runner.lifetimes.plan((item.nodeid, runner.world_key(_cell_of(item))) for item in items)
+
+
+def _cell_of(item: pytest.Item) -> Cell | None:
+    """The cell an item judges; None for generated models, run at the session's world size."""
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("cell") if callspec is not None else None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    item.config.stash[RUNNER].finished(item.nodeid)
 
 
 @pytest.hookimpl(wrapper=True)

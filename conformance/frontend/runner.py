@@ -10,6 +10,7 @@ import pytest
 
 from conformance.checks.findings import CellResult
 from conformance.frontend import baseline, options, xfails
+from conformance.frontend.lifetimes import Lifetimes, WorldKey
 from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import cells
 from conformance.matrix.simulated import SAMPLED
@@ -59,7 +60,15 @@ class Runner:
         self.base_dir = Path(config.getoption("report_dir") or config.rootpath / ".conformance") / "worlds"
         self.baseline = baseline.load(config.getoption("baseline"))
         self.thunder_version = environment.version(environment.THUNDER_DIST)
-        self.worlds: dict[tuple[int, bool], World] = {}  # (processes, simulated) -> its world
+        self.worlds: dict[WorldKey, World] = {}
+        # without xdist this process runs every collected item in order, so it knows when a
+        # world is needed for the last time; an xdist worker is sent items as it goes
+        self.lifetimes = Lifetimes(
+            max_idle=config.getoption("max_idle_worlds"),
+            foresight=self.place.workers == 1 and not hasattr(config, "workerinput"),
+        )
+        self._index: dict[str, int] | None = None  # cell id -> its place in the profile
+        self._retired: list[World] = []  # told to stop, reaped at the end
         self.outcomes: dict[str, Outcome] = {}
         # what a rank is asked to do for a cell; the kit's own tests swap in planted bugs
         self.cell_task: Callable[[Cell], protocol.Task] = lambda cell: protocol.Task(RUN_CELL, {"axes": cell.axes()})
@@ -107,6 +116,7 @@ class Runner:
     def world(self, size: int, simulated: bool = False) -> World:
         """The world of ``size`` processes: real ranks of the session's backend, or (simulated)
         processes that each act as a sampled rank of a cell's world under the fake backend."""
+        self.lifetimes.used((size, simulated))
         if (size, simulated) not in self.worlds:
             if simulated:
                 spec = LaunchSpec(nproc=size, backend=protocol.NO_GROUP)
@@ -139,8 +149,36 @@ class Runner:
         """The xfails entries that cover ``cell`` in ``area`` for the Thunder under test."""
         return [e for e in self.expectations if e.covers(cell, area, self.thunder_version, self.session.backend)]
 
+    # -- worlds' lifetimes -----------------------------------------------------------------
+
+    def world_key(self, cell: Cell | None) -> WorldKey:
+        """The world an item runs on; ``None``: a generated model, at the session's size."""
+        if cell is None:
+            return (self.session.nproc, False)
+        return (SAMPLED, True) if cell.simulated else (cell.world_size, False)
+
+    def position(self, cell: Cell | None) -> tuple[bool, int, int]:
+        """Where an item goes in the run: real worlds by size, then simulated ones; within a
+        world its cells in the profile's order, each cell's areas together; generated models
+        after the cells of the session's size."""
+        if self._index is None:
+            self._index = {c.id: i for i, c in enumerate(self.cells)}
+        if cell is None:
+            return (False, self.session.nproc, len(self._index))
+        return (cell.simulated, cell.world_size, self._index.get(cell.id, -1))
+
+    def finished(self, nodeid: str) -> None:
+        """After an item: retire the worlds ``Lifetimes`` says are no longer worth keeping."""
+        for key in self.lifetimes.to_close(nodeid, self.worlds):
+            self._retire(key)
+
+    def _retire(self, key: WorldKey) -> None:
+        world = self.worlds.pop(key)
+        world.retire()
+        self._retired.append(world)
+
     def close(self) -> None:
-        for world in self.worlds.values():
+        for world in [*self._retired, *self.worlds.values()]:
             world.close()
 
 

@@ -18,12 +18,18 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from conformance.world import protocol
 from conformance.world.launch import ROOT, LaunchSpec
 
-POLL_S = 0.005
+# While a task runs the controller looks in turn at results, deaths and deadlines; the pause
+# between looks doubles from 1 ms up to 50 ms, so a short task is answered at once and a
+# long one costs twenty looks a second. (Blocking in c10d's ``wait`` would need a timeout to
+# notice deaths, and c10d logs a warning at each expiry.)
+FIRST_PAUSE_S = 0.001
+LONGEST_PAUSE_S = 0.05
 STACK_WAIT_S = 2.0
 LOG_TAIL_CHARS = 4000
 # Who caused a failure and who merely suffered it: a death explains a peer's "connection
@@ -64,6 +70,13 @@ class Outcome:
                 if body and body.strip():
                     parts.append(f"[{title}]\n{body.rstrip()}")
         return "\n".join(parts)
+
+
+def _pauses() -> Iterator[float]:
+    pause = FIRST_PAUSE_S
+    while True:
+        yield pause
+        pause = min(2 * pause, LONGEST_PAUSE_S)
 
 
 def _process_state(pid: int) -> tuple[bool, int | None]:
@@ -156,6 +169,7 @@ class World:
                 start_new_session=True,  # one process group: killing the world kills every rank
             )
         keys = [protocol.hello_key(r) for r in range(self.spec.nproc)]
+        pauses = _pauses()
         while not self._store.check(keys):
             if self._proc.poll() is not None or time.monotonic() - began > self.start_timeout:
                 reason = (
@@ -166,7 +180,7 @@ class World:
                 logs = self._logs()
                 self.kill()
                 raise WorldStartError(f"the world did not start: {reason}\n{logs}")
-            time.sleep(POLL_S)
+            time.sleep(next(pauses))
         self._pids = {r: json.loads(self._store.get(protocol.hello_key(r)))["pid"] for r in range(self.spec.nproc)}
         return time.monotonic() - began
 
@@ -181,10 +195,17 @@ class World:
         self._store = None
         self._pids = {}
 
+    def retire(self) -> None:
+        """Tell an idle world's ranks to stop, without waiting for torchrun to notice (up to
+        its monitor interval); ``close`` reaps it later."""
+        if self.alive and self._store is not None:
+            self._store.set(protocol.task_key(self._seq), protocol.Task(protocol.SHUTDOWN).encode())
+            self._seq += 1
+
     def close(self) -> None:
         """Stop the world politely when it is idle and healthy, by force otherwise."""
         if self.alive and self._store is not None:
-            self._store.set(protocol.task_key(self._seq), protocol.Task(protocol.SHUTDOWN).encode())
+            self.retire()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=10)
         self.kill()
@@ -218,6 +239,7 @@ class World:
         self._store.set(protocol.task_key(seq), task.encode())
         results: dict[int, protocol.RankResult] = {}
         first_failure: float | None = None
+        pauses = _pauses()
         while True:
             for rank in self._pending(results):
                 key = protocol.result_key(seq, rank)
@@ -246,7 +268,7 @@ class World:
             if now - began > timeout:
                 self._abort(results, protocol.TIMEOUT, f"no result within the cell timeout of {timeout:.0f}s")
                 break
-            time.sleep(POLL_S)
+            time.sleep(next(pauses))
         duration = time.monotonic() - began
         for r in results.values():
             if not r.ok:

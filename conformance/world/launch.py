@@ -144,7 +144,6 @@ class LaunchSpec:
             {
                 protocol.ENV_CONTROL: control,
                 protocol.ENV_WORLD_DIR: str(world_dir),
-                protocol.ENV_CONTROLLER_PID: str(os.getpid()),
                 protocol.ENV_BACKEND: self.backend,
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
                 "PYTHONUNBUFFERED": "1",

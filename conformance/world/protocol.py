@@ -14,7 +14,6 @@ from typing import Any
 # Environment variables the controller hands to every rank (through torchrun).
 ENV_CONTROL = "CONFORMANCE_CONTROL"  # "host:port" of the control store
 ENV_WORLD_DIR = "CONFORMANCE_WORLD_DIR"  # per-world folder for rank logs and stack dumps
-ENV_CONTROLLER_PID = "CONFORMANCE_CONTROLLER_PID"  # a rank exits when its controller is gone
 ENV_BACKEND = "CONFORMANCE_BACKEND"  # "gloo" or "nccl", already resolved, or NO_GROUP
 # A world whose processes join no process group at launch: its tasks make their own (a
 # simulated world's join torch's fake group as the rank each stands for).

@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -26,10 +27,12 @@ from typing import Any
 
 from conformance.world import protocol
 
-# ``store.wait`` with a timeout logs a warning each time it expires, so the loop polls with
-# ``check`` instead: a short sleep keeps the latency well below a cell's cost.
-POLL_S = 0.005
-CONTROLLER_CHECK_S = 2.0
+# A rank blocks in ``store.wait``: idle, it costs no CPU at all. c10d logs a warning each time
+# such a wait expires, so the wait is long and simply renewed while the world stays idle.
+IDLE_WAIT = datetime.timedelta(hours=1)
+# The watch's key is never set: its wait ends only when the controller's store goes away.
+NEVER = "never"
+ORPHANED = 3  # exit status of a rank whose controller is gone
 
 
 def resolve(fn: str) -> Callable[..., Any]:
@@ -48,16 +51,6 @@ def _redirect_output(world_dir: str, rank: int) -> None:
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
-
-
-def _controller_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _run(task: protocol.Task, rank: int) -> protocol.RankResult:
@@ -85,20 +78,32 @@ def _run(task: protocol.Task, rank: int) -> protocol.RankResult:
     return protocol.RankResult(rank=rank, status=protocol.PASSED, value=value, duration=time.perf_counter() - start)
 
 
-def _wait_for(store: Any, key: str, controller_pid: int) -> bool:
-    """Wait for ``key``; False once the controller has gone (a rank must never outlive it)."""
-    last_check = time.monotonic()
+def _wait_for(store: Any, key: str) -> bool:
+    """Block until ``key`` is set; False once the controller's store has gone."""
+    import torch.distributed as dist
+
     while True:
         try:
-            if store.check([key]):
-                return True
-        except Exception:
+            store.wait([key], IDLE_WAIT)
+            return True
+        except dist.DistStoreError:  # the wait expired: still idle, still wanted
+            continue
+        except Exception:  # the connection closed: the controller is gone
             return False
-        time.sleep(POLL_S)
-        if time.monotonic() - last_check > CONTROLLER_CHECK_S:
-            if not _controller_alive(controller_pid):
-                return False
-            last_check = time.monotonic()
+
+
+def _watch_controller(host: str, port: int) -> None:
+    """Exit the process the moment the controller's store goes away, whatever the rank is
+    doing: a rank must never outlive its controller, and one blocked in a collective whose
+    peer was killed with it would otherwise wait out gloo's timeout. Its own connection,
+    so that it blocks beside the main thread's."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    while _wait_for(store, NEVER):
+        pass
+    os.write(2, b"\nthe controller's control store is gone: this rank exits\n")
+    os._exit(ORPHANED)
 
 
 def main() -> int:
@@ -106,7 +111,6 @@ def main() -> int:
 
     rank = int(os.environ["RANK"])
     world_dir = os.environ[protocol.ENV_WORLD_DIR]
-    controller_pid = int(os.environ[protocol.ENV_CONTROLLER_PID])
     host, _, port = os.environ[protocol.ENV_CONTROL].rpartition(":")
 
     _redirect_output(world_dir, rank)
@@ -115,6 +119,7 @@ def main() -> int:
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
 
     store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60))
+    threading.Thread(target=_watch_controller, args=(host, int(port)), name="controller-watch", daemon=True).start()
     backend = os.environ[protocol.ENV_BACKEND]
     if backend == "nccl":
         import torch
@@ -127,7 +132,7 @@ def main() -> int:
     seq = 0
     while True:
         key = protocol.task_key(seq)
-        if not _wait_for(store, key, controller_pid):
+        if not _wait_for(store, key):
             return 1
         task = protocol.Task.decode(store.get(key))
         if task.fn == protocol.SHUTDOWN:

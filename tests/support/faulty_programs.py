@@ -58,3 +58,11 @@ def segfault_on(rank: int) -> float:
 
 def unserializable() -> object:
     return object()
+
+
+def hang_in_collective(rank: int) -> float:
+    """``rank`` hangs; every other rank waits for it inside an all-reduce."""
+    if dist.get_rank() == rank:
+        while True:
+            time.sleep(0.1)
+    return _all_reduce()

@@ -1,0 +1,108 @@
+"""What a world costs while it waits, and that it never outlives its controller."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conformance.world import protocol
+from conformance.world.controller import World
+from conformance.world.launch import LaunchSpec
+
+pytestmark = pytest.mark.slow  # starts worlds
+
+IDLE_S = 5.0
+# /proc counts CPU time in clock ticks (10 ms where CLK_TCK is 100): 0.2% of a core over
+# IDLE_S seconds is 10 ms, a single tick, which a rank may not exceed while it waits.
+IDLE_CPU_SHARE = 0.002
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system time of ``pid`` and all its threads so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / HZ
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(LaunchSpec(nproc=2, backend="gloo"), base_dir=tmp_path)
+    yield w
+    w.close()
+
+
+def test_an_idle_world_costs_no_cpu(world: World) -> None:
+    outcome = world.run(protocol.Task("tests.support.faulty_programs:healthy"), timeout=60)
+    assert outcome.ok, outcome.describe()
+    pids = [v["pid"] for v in outcome.values]
+    before = [cpu_seconds(p) for p in pids]
+    time.sleep(IDLE_S)
+    spent = [cpu_seconds(p) - b for p, b in zip(pids, before, strict=True)]
+    allowed = max(IDLE_CPU_SHARE * IDLE_S, 1 / HZ)
+    assert all(s <= allowed for s in spent), f"idle ranks spent {spent} s of CPU in {IDLE_S} s (allowed {allowed})"
+
+
+# A controller in a process of its own, so that the test can kill it mid-task: it starts a
+# world, says which processes it holds, and runs a task in which rank 0 hangs and rank 1
+# waits for it in an all-reduce (the case where a rank would wait out gloo's timeout).
+CONTROLLER = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from conformance.world import protocol
+    from conformance.world.controller import World
+    from conformance.world.launch import LaunchSpec
+
+    world = World(LaunchSpec(nproc=2, backend="gloo"), base_dir=Path(sys.argv[1]))
+    world.start()
+    print(json.dumps({"torchrun": world._proc.pid, "ranks": list(world._pids.values())}), flush=True)
+    world.run(protocol.Task("tests.support.faulty_programs:hang_in_collective", {"rank": 0}), timeout=600)
+    """
+)
+GONE_WITHIN_S = 10.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_a_killed_controller_takes_its_ranks_down_mid_task(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    controller = subprocess.Popen(
+        [sys.executable, "-c", CONTROLLER, str(tmp_path)], cwd=root, stdout=subprocess.PIPE, text=True
+    )
+    held: dict[str, object] = {"torchrun": None, "ranks": []}
+    try:
+        line = controller.stdout.readline()
+        assert line, "the controller did not start its world"
+        held = json.loads(line)
+        time.sleep(2.0)  # the task is under way: rank 1 waits in its all-reduce
+        assert all(_alive(p) for p in held["ranks"]), "the ranks should still be working"
+        controller.send_signal(signal.SIGKILL)
+        controller.wait()
+        killed = time.monotonic()
+        pids = [held["torchrun"], *held["ranks"]]
+        while any(_alive(p) for p in pids) and time.monotonic() - killed < GONE_WITHIN_S:
+            time.sleep(0.1)
+        left = [p for p in pids if _alive(p)]
+        assert not left, f"still running {GONE_WITHIN_S:.0f} s after their controller was killed: {left}"
+    finally:  # a failed test must not leave the world behind either
+        controller.kill()
+        for pid in [held["torchrun"], *held["ranks"]]:
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
