@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from conformance.matrix.cells import AXES, axis_value
-from conformance.reports import simulated
+from conformance.reports import simulated, time_share
 from conformance.reports.outcomes import MARKS
 
 
@@ -39,6 +39,7 @@ def summary(
         f"**{counts}** in {report['wall_s']:.1f} s (exit status {report['exit_status']}).",
         "",
     ]
+    lines += time_share.section(report.get("time_share"))
     if fixed:
         lines += ["Every cell: " + ", ".join(f"{k}={v}" for k, v in fixed.items()) + ".", ""]
     if by_cell:

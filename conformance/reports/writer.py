@@ -27,6 +27,7 @@ from conformance.reports.outcomes import outcome, plain_nodeid
 from conformance.reports.scale import scale_figure
 from conformance.reports.session import SessionInfo
 from conformance.reports.summary import summary
+from conformance.reports.time_share import time_share
 
 PART_OF_SUITE = "This run asked for part of the suite: the baseline's items it did not run set no exit status."
 
@@ -90,6 +91,7 @@ class Reporter:
             "xfails_file": str(self.session.xfails_file),
             "worlds_started": len({r["cell"] for r in records if r.get("metrics", {}).get("world_start_s", 0) > 0}),
             "isolate": self.session.isolate,
+            "time_share": time_share(records).to_json(),
             "counts": counts,
             "cells": records,
         }
