@@ -19,6 +19,7 @@ from conformance.checks.storages import tied_duplicates
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import SetupPlan, StateDictKind, plan
 from conformance.rank import measure
+from conformance.rank.clock import thunder_call
 from conformance.rank.dropout import replace_output_dropout
 from conformance.rank.gather import Gathered, clones, gather, shard, snapshot
 from fixtures import inits, patterns
@@ -144,7 +145,7 @@ def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
     # What the kit hands over is built outside the measured block: it is the user's memory.
     state = _state_dict(recipe.plan.handed_over, eager_model.module, rank, world)
     materialization_init = _materialization(recipe.plan, state)
-    with measure.measure(recipe.device) as setup:
+    with measure.measure(recipe.device) as setup, thunder_call():
         torch.manual_seed(SEED + (rank if recipe.init.broadcast else 0))
         model = inits.build(recipe.init, recipe.make, recipe.device, recipe.dtype)
         how = Setup(

@@ -9,11 +9,10 @@ saves are recorded, and eager PyTorch's own peaks for the same input are taken b
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ from conformance.checks.record import MEASURED_STEP, ParametersAfter, SavedTenso
 from conformance.checks.storages import distinct_storages
 from conformance.rank.buffers import PerRank
 from conformance.rank.build import SEED, EagerModel, Recipe
+from conformance.rank.clock import thunder_call
 from conformance.rank.dropout import drawn_masks, replayed
 from conformance.rank.eager import (
     Tensors,
@@ -55,9 +55,6 @@ class Training:
     eager_step_peaks: list[int] = dataclasses.field(default_factory=list)
     saved: list[SavedTensor | None] | None = None  # held by the autograd node after the measured forward
     timings: dict[str, float] = dataclasses.field(default_factory=dict)  # step<i>_s -> seconds
-    # the Thunder module's own calls (forward, backward, optimizer step, zero_grad), for the
-    # kit's share of a cell: everything else a step does is the kit's
-    thunder_s: float = 0.0
 
 
 def generator(*key: int) -> torch.Generator:
@@ -114,16 +111,6 @@ class _Lockstep:
         at_thunder = holding(self.eager_model.module, self.weights)
         return at_thunder, self.eager_buffers.clones_for(at_thunder)
 
-    @contextlib.contextmanager
-    def thunder_call(self) -> Iterator[None]:
-        """Time a call into the Thunder module (inside the ledger's phase: the tracker's own
-        bookkeeping on its ops counts as Thunder's, an overestimate of Thunder's share)."""
-        began = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.training.thunder_s += time.perf_counter() - began
-
     def optimizers(self, make: Callable[[Any], torch.optim.Optimizer]) -> list[torch.optim.Optimizer | None]:
         """One per model, the Thunder module's first, the shard twins' last."""
         thunder, eager_model = make(self.thunder.parameters()), make(self.eager_model.module.parameters())
@@ -137,7 +124,7 @@ class _Lockstep:
         measured = step == MEASURED_STEP
         inputs = [self.recipe.fixture.make_input(generator(step, r), dtype).to(device) for r in range(self.world)]
         held_before = ledger.read()
-        with ledger.phase(settle=measured) as forward, self.thunder_call():
+        with ledger.phase(settle=measured) as forward, thunder_call():
             out = tm(inputs[rank])
         if self.replays:  # the eager models apply the masks the ranks' Thunder modules drew
             masks = drawn_masks(out)
@@ -153,7 +140,7 @@ class _Lockstep:
             torch.randn(o.shape, generator=generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
         ]
         output = out.detach().clone().cpu()
-        with ledger.phase() as backward, self.thunder_call():
+        with ledger.phase() as backward, thunder_call():
             rank_loss = loss(out, cotangents[rank])
             rank_loss.backward()
             del out, rank_loss  # the kit's last references to the forward's result
@@ -179,7 +166,7 @@ class _Lockstep:
         twin_grads = None if twin is None else snapshot(twin, grads=True)
         thunder_opt = optimizers[0]
         held_before_step = ledger.read()
-        with ledger.phase() as optimizer_step, self.thunder_call():
+        with ledger.phase() as optimizer_step, thunder_call():
             thunder_opt.step()
         with measure(device) as twin_step:
             optimizers[-1].step()
@@ -189,7 +176,7 @@ class _Lockstep:
             if o is not None:
                 o.step()
                 o.zero_grad(set_to_none=True)
-        with ledger.phase(), self.thunder_call():
+        with ledger.phase(), thunder_call():
             thunder_opt.zero_grad(set_to_none=True)
         training.held_after_step.append(ledger.read(thorough=True))
         self.eager_buffers.hold(rank)

@@ -17,6 +17,7 @@ from typing import Any
 from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import final_traces
 from conformance.rank.build import EagerModel, Recipe
+from conformance.rank.clock import thunder_call
 from conformance.rank.eager import loss, rank_gradients
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, combined, summed, weighted
 from fixtures.options import MICRO_STEPS
@@ -31,10 +32,12 @@ def accumulate(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, worl
     try:
         with tm.no_sync():
             for batch in batches[:-1]:
-                loss(tm(batch.inputs[rank]), batch.cotangents[rank]).backward()
+                with thunder_call():
+                    loss(tm(batch.inputs[rank]), batch.cotangents[rank]).backward()
             traces = final_traces(tm)  # the computation Thunder compiled for a skipped sync
         last = batches[-1]
-        loss(tm(last.inputs[rank]), last.cotangents[rank]).backward()
+        with thunder_call():
+            loss(tm(last.inputs[rank]), last.cotangents[rank]).backward()
     except Exception as exc:  # Thunder's own call: its refusal is a finding, not the end of the cell
         return ScenarioRecord("accumulate", error=f"{type(exc).__name__}: {exc}")
     grads = eager_model.gather(tm, grads=True)

@@ -12,6 +12,7 @@ import torch
 from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import FinalTraces
 from conformance.rank.build import EagerModel, Recipe
+from conformance.rank.clock import thunder_call
 from conformance.rank.eager import float32_input
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Eager
 from conformance.rank.train import generator
@@ -25,7 +26,7 @@ def infer(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: in
     eager = Eager.beside(recipe, eager_model, tm)
     x = recipe.fixture.make_input(generator(AFTER_TRAINING, rank), recipe.dtype).to(recipe.device)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), thunder_call():
             out = tm(x)
     except Exception as exc:  # Thunder's own call: its refusal is a finding, not the end of the cell
         return ScenarioRecord("infer", error=f"{type(exc).__name__}: {exc}")

@@ -11,6 +11,7 @@ from typing import Any
 from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import final_traces
 from conformance.rank.build import EagerModel, Recipe
+from conformance.rank.clock import thunder_call
 from conformance.rank.eager import loss, rank_gradients
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients
 
@@ -19,8 +20,9 @@ def reshape(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: 
     eager = Eager.beside(recipe, eager_model, tm)
     batch = Batch.draw(recipe.fixture.second_input, recipe, eager.module, AFTER_TRAINING, world)
     try:
-        out = tm(batch.inputs[rank])
-        loss(out, batch.cotangents[rank]).backward()
+        with thunder_call():
+            out = tm(batch.inputs[rank])
+            loss(out, batch.cotangents[rank]).backward()
     except Exception as exc:  # Thunder's own call: its refusal is a finding, not the end of the cell
         return ScenarioRecord("reshape", error=f"{type(exc).__name__}: {exc}")
     traces = final_traces(tm)

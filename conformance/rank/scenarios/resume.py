@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from conformance.checks.record import Compared, Resumed, ScenarioRecord
 from conformance.rank.build import EagerModel, Recipe, compose
+from conformance.rank.clock import thunder_call
 from conformance.rank.eager import loss
 from conformance.rank.gather import cpu_copies, identical, on_every_rank, shard
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch
@@ -91,8 +92,9 @@ def _round_trip(
             grads = [eager_model.gather(m, grads=True) for m in (fresh, tm)]
             record.compared.append(Compared(f"gradients at resumed step {k}", *grads))
             for opt in optimizers:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+                with thunder_call():
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
             record.compared += _moment(f"after resumed step {k}", eager_model, fresh, tm, unlike=unlike)
     except Exception as exc:  # Thunder's own calls: what it raises is a finding, not the end of the cell
         record.error = f"{type(exc).__name__}: {exc}"
@@ -177,8 +179,9 @@ def _has_dtensors(state: dict[str, Any]) -> bool:
 
 
 def _forward_backward(tm: Any, batch: Batch, rank: int) -> Tensors:
-    out = tm(batch.inputs[rank])
-    loss(out, batch.cotangents[rank]).backward()
+    with thunder_call():
+        out = tm(batch.inputs[rank])
+        loss(out, batch.cotangents[rank]).backward()
     return {"output": out.detach().cpu().clone()}
 
 
