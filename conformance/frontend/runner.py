@@ -69,6 +69,7 @@ class Runner:
         )
         self._index: dict[str, int] | None = None  # cell id -> its place in the profile
         self._retired: list[World] = []  # told to stop, reaped at the end
+        self._pooled = False  # the worlds belong to a pool that outlives this session
         self.outcomes: dict[str, Outcome] = {}
         # what a rank is asked to do for a cell; the kit's own tests swap in planted bugs
         self.cell_task: Callable[[Cell], protocol.Task] = lambda cell: protocol.Task(RUN_CELL, {"axes": cell.axes()})
@@ -177,8 +178,16 @@ class Runner:
         world.retire()
         self._retired.append(world)
 
+    def share_worlds(self, pool: dict[WorldKey, World]) -> None:
+        """Run on ``pool``'s worlds (adding to it) and leave them open at the end: the kit's own
+        tests run many sessions in one process (tests/support/suite_driver.py), and a world
+        start and a cold Thunder cost more than most of their cells."""
+        self.worlds = pool
+        self._pooled = True
+        self.lifetimes.foresight = False  # the next session may need any of them
+
     def close(self) -> None:
-        for world in [*self._retired, *self.worlds.values()]:
+        for world in [*self._retired, *([] if self._pooled else self.worlds.values())]:
             world.close()
 
 

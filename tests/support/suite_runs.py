@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import functools
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -62,6 +66,58 @@ class SuiteRun:
         return {c["cell"]: c["outcome"] for c in self.report["cells"] if c.get("area") == area}
 
 
+class Driver:
+    """This process's tests/support/suite_driver.py: the suite runs there, one run after
+    another, on one pool of worlds. Started on first use, stopped at exit."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+
+    def run(self, args: list[str], env: dict[str, str], output: Path, timeout: float) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.support.suite_driver"],
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+                start_new_session=True,  # a timeout kills it; its worlds' ranks follow their controller
+            )
+            atexit.register(self.stop)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"args": args, "env": env, "output": str(output)}) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            self.kill()
+            said = output.read_text(errors="replace") if output.exists() else ""
+            if not ready:
+                raise subprocess.TimeoutExpired(args, timeout, said)
+            raise RuntimeError(f"the suite driver died\n{said}")
+        return json.loads(line)["returncode"]
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()  # its loop ends and it closes its worlds
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+DRIVER = Driver()
+
+
 def run_suite(
     tmp: Path,
     *args: str,
@@ -69,34 +125,40 @@ def run_suite(
     env: dict[str, str] | None = None,
     plant: bool = False,
     timeout: float = 600,
+    shared: bool = True,
 ) -> SuiteRun:
-    """Run the suite in a subprocess; ``plant`` loads tests/support/plant_plugin.py (with ENV naming the bug)."""
+    """Run the suite: ``plant`` loads tests/support/plant_plugin.py (with ENV naming the bug);
+    ``shared``: in this process's driver, on its pool of worlds (a run that starts or counts
+    worlds itself, or spawns xdist workers, needs a process of its own: False)."""
     report_dir = tmp / "report"
     junit = tmp / "junit.xml"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            *paths,
-            *(["-p", "tests.support.plant_plugin"] if plant else []),
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            f"--report-dir={report_dir}",
-            f"--junitxml={junit}",
-            *args,
-        ],
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    output = proc.stdout + proc.stderr
+    argv = [
+        *paths,
+        *(["-p", "tests.support.plant_plugin"] if plant else []),
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--report-dir={report_dir}",
+        f"--junitxml={junit}",
+        *args,
+    ]
+    if shared:
+        tmp.mkdir(parents=True, exist_ok=True)
+        returncode = DRIVER.run(argv, env or {}, tmp / "output.txt", timeout)
+        output = (tmp / "output.txt").read_text(errors="replace")
+    else:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", *argv],
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        returncode, output = proc.returncode, proc.stdout + proc.stderr
     assert (report_dir / "report.json").exists(), output
     return SuiteRun(
-        returncode=proc.returncode,
+        returncode=returncode,
         output=output,
         report=json.loads((report_dir / "report.json").read_text()),
         jsonl=[json.loads(line) for line in (report_dir / "report.jsonl").read_text().splitlines()],

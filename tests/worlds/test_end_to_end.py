@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 def suite(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
     # The whole ci profile: the timeout only guards against a hang (each cell has a deadline
     # of its own), so it leaves room for a slow 2-core host, where the profile ran past 600 s
-    return run_suite(tmp_path_factory.mktemp("e2e"), timeout=1500)
+    return run_suite(tmp_path_factory.mktemp("e2e"), timeout=1500, shared=False)
 
 
 def unsupported(run: SuiteRun) -> dict[str, str]:
@@ -160,13 +160,15 @@ def test_summary_shows_every_cell(suite: SuiteRun) -> None:
 
 
 def test_isolate_starts_a_world_per_cell(tmp_path) -> None:
-    run = run_suite(tmp_path, "--isolate", "--profile", "smoke", "-k", "not generated")
+    run = run_suite(tmp_path, "--isolate", "--profile", "smoke", "-k", "not generated", shared=False)
     assert run.returncode == 0, run.output
     assert run.report["worlds_started"] == len(cells("smoke", 2, {}))
 
 
 def test_each_xdist_worker_owns_a_world(tmp_path) -> None:
-    run = run_suite(tmp_path, "-n", "2", "--dist", "loadgroup", "--profile", "smoke", "-k", "not generated")
+    run = run_suite(
+        tmp_path, "-n", "2", "--dist", "loadgroup", "--profile", "smoke", "-k", "not generated", shared=False
+    )
     assert run.returncode == 0, run.output
     assert len(run.report["cells"]) == sum(applies(c, a) for c in cells("smoke", 2, {}) for a in AREAS)
     assert run.report["worlds_started"] >= 1

@@ -1,0 +1,76 @@
+"""One process that runs the conformance suite many times (``pytest.main``) on one pool of
+worlds, for the kit's own tests: a planted bug's run then costs its cells, not a Python and
+pytest start, a world start and a cold Thunder in every rank.
+
+Requests come on stdin, one JSON object a line: ``{"args": [...], "env": {...}, "output": PATH}``.
+For each, the suite runs with ``env`` added to the environment and its terminal output
+written to PATH; then one line ``{"returncode": N}`` goes to the original stdout. Planted bugs
+and kit faults are entered per task inside the ranks, so nothing of one run stays in a world
+for the next; a run that leaves a world unfit (a failed task) has it killed and restarted, as
+in any session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import pytest
+
+from conformance.frontend.runner import RUNNER
+from conformance.world.controller import World
+
+
+class SharedWorlds:
+    """The plugin that hands every session's runner the same pool of worlds."""
+
+    def __init__(self) -> None:
+        self.pool: dict[Any, World] = {}
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        runner = config.stash.get(RUNNER, None)
+        if runner is not None:
+            runner.share_worlds(self.pool)
+
+    def close(self) -> None:
+        for world in self.pool.values():
+            world.close()
+
+
+def serve() -> None:
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    shared = SharedWorlds()
+    try:
+        for line in sys.stdin:
+            request = json.loads(line)
+            added = request.get("env", {})
+            saved = {k: os.environ.get(k) for k in added}
+            os.environ.update(added)
+            out = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            kept = os.dup(1), os.dup(2)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            try:
+                code = pytest.main(request["args"], plugins=[shared])
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(kept[0], 1)
+                os.dup2(kept[1], 2)
+                for fd in (out, *kept):
+                    os.close(fd)
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            replies.write(json.dumps({"returncode": int(code)}) + "\n")
+    finally:
+        shared.close()
+
+
+if __name__ == "__main__":
+    serve()
