@@ -9,8 +9,10 @@ import importlib.metadata
 import json
 import os
 import platform
+import subprocess
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from conformance.reports.session import SessionInfo
@@ -71,7 +73,25 @@ def describe(session: SessionInfo) -> dict[str, Any]:
         "gpus_visible": session.gpus_visible,
         "cuda_unusable": session.cuda_unusable,
         "xdist_workers": session.xdist_workers,
+        "kit": kit_checkout(),
     }
+
+
+def kit_checkout() -> dict[str, Any]:
+    """The kit's own commit, and whether its checkout differs from it: which kit wrote a report
+    matters as much as which Thunder it judged. Null where the kit is not a git checkout."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "modified": bool(status) if status is not None else None}
 
 
 # What a run that passes did not test, said where a reader of the report cannot miss it: a

@@ -86,6 +86,8 @@ class Reporter:
             "wall_s": time.time() - self.started,
             # every world start is charged to the one cell that needed it (xdist workers too)
             "profile": self.session.profile,
+            # False where -k, -m or a path narrowed the run: its cells are not the profile's
+            "whole_run": self.whole_run,
             "coverage": coverage(ran.values(), self.session.nproc),
             "unmet_pairs": unmet_pairs(ran.values(), self.session.nproc, profile=self.session.profile),
             "xfails_file": str(self.session.xfails_file),

@@ -168,6 +168,44 @@ def run_suite(
     )
 
 
+# .ci/run runs `tox -e conformance` (the ci profile, reports in reports/) and then the kit's
+# tests, whose end-to-end tests would run that same profile again: it names the folder here.
+CI_REPORT_ENV = "CONFORMANCE_CI_REPORT"
+
+
+def reused_ci_run() -> SuiteRun | None:
+    """The ci run that CI_REPORT_ENV names, or None where it names none. It must be a whole
+    run of the ci profile, written by this very commit, unmodified, or the test fails saying why."""
+    folder = os.environ.get(CI_REPORT_ENV)
+    if not folder:
+        return None
+    report_dir = Path(folder)
+    report = json.loads((report_dir / "report.json").read_text())
+    from conformance.reports.environment import kit_checkout
+
+    here = kit_checkout()
+    written_by = report["environment"].get("kit")
+    problems = [
+        f"profile {report['profile']!r}, not 'ci'" if report["profile"] != "ci" else "",
+        "a narrowed run (-k, -m or a path)" if not report.get("whole_run") else "",
+        f"written by kit {written_by}, this is {here}" if written_by != here else "",
+        "this checkout is not an unmodified commit" if here["commit"] is None or here["modified"] else "",
+    ]
+    if any(problems):
+        raise AssertionError(
+            f"{CI_REPORT_ENV}={folder} cannot stand for the ci run: " + "; ".join(p for p in problems if p)
+        )
+    return SuiteRun(
+        returncode=report["exit_status"],
+        output=f"(the ci run of {folder}: see its summary.md)",
+        report=report,
+        jsonl=[json.loads(line) for line in (report_dir / "report.jsonl").read_text().splitlines()],
+        summary=(report_dir / "summary.md").read_text(),
+        junit=ET.parse(report_dir / "junit.xml").getroot(),
+        report_dir=report_dir,
+    )
+
+
 def run_refused(tmp: Path, *args: str, env: dict[str, str] | None = None) -> str:
     """Run the suite with bad input: it must end with pytest's usage-error status (4) and one
     ``ERROR:`` line, before any world starts. That line."""

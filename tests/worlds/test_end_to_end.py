@@ -17,16 +17,17 @@ from conformance.matrix.profiles import BOUNDARY_WORLD_SIZES, cells
 from conformance.matrix.simulated import sampled_ranks
 from fixtures.compositions import COMPOSITIONS
 from fixtures.offloads import POLICIES
-from tests.support.suite_runs import ROOT, SuiteRun, run_suite, unsupported_values
+from tests.support.suite_runs import ROOT, SuiteRun, reused_ci_run, run_suite, unsupported_values
 
 pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
-    # The whole ci profile: the timeout only guards against a hang (each cell has a deadline
-    # of its own), so it leaves room for a slow 2-core host, where the profile ran past 600 s
-    return run_suite(tmp_path_factory.mktemp("e2e"), timeout=1500, shared=False)
+    # The whole ci profile, or the run .ci/run made of it just before (CI_REPORT_ENV). The
+    # timeout only guards against a hang (each cell has a deadline of its own), so it leaves
+    # room for a slow 2-core host, where the profile ran past 600 s
+    return reused_ci_run() or run_suite(tmp_path_factory.mktemp("e2e"), timeout=1500, shared=False)
 
 
 def unsupported(run: SuiteRun) -> dict[str, str]:
