@@ -1,9 +1,9 @@
 """Where a run's time went: the Thunder module's own work against the kit's around it.
 
 A cell's run (``cell_run_s``, the controller's clock from handing the task to the last
-answer) is the Thunder module's setup and training calls (``timings.thunder_s``, rank 0's
-clock) plus everything the kit does: the eager model and its float32 twin, gathering,
-measuring, a scenario, the state-dict round trip, the checks, the answers' transport.
+answer) is the Thunder module's setup, training and scenario calls (``timings.thunder_s``,
+rank 0's clock) plus everything the kit does: the eager model and its float32 twin,
+gathering, measuring, the state-dict round trip, the checks, the answers' transport.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from typing import Any
+
+HEAVIEST = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,12 +43,15 @@ class TimeShare:
         return None if not self.run_s else sum(c.kit_s for c in self.cells) / self.run_s
 
     def to_json(self) -> dict[str, Any]:
+        heaviest = sorted(self.cells, key=lambda c: c.kit_s, reverse=True)[:HEAVIEST]
         return {
             "cells": len(self.cells),
             "cell_run_s": self.run_s,
             "thunder_s": self.thunder_s,
             "kit_s": self.run_s - self.thunder_s,
             "kit_share": self.kit_share,
+            # where the kit's own time goes first: the cells that cost it the most
+            "heaviest": [{"cell": c.cell, "cell_run_s": c.run_s, "kit_s": c.kit_s} for c in heaviest],
         }
 
 
@@ -67,8 +72,10 @@ def section(share: dict[str, Any] | None) -> list[str]:
     if not share or not share["cells"]:
         return []
     return [
-        f"Time: {share['cells']} cells ran {share['cell_run_s']:.0f} s, the Thunder module's setup and training "
-        f"calls {share['thunder_s']:.0f} s of it; **the kit's share {share['kit_share']:.0%}** (the eager model "
-        "and its twin, gathering, measuring, scenarios, state-dict round trips, checks).",
+        f"Time: {share['cells']} cells ran {share['cell_run_s']:.0f} s, the Thunder module's setup, training "
+        f"and scenario calls {share['thunder_s']:.0f} s of it; **the kit's share {share['kit_share']:.0%}** "
+        "(the eager model and its twin, gathering, measuring, state-dict round trips, checks); most in "
+        + ", ".join(f"`{c['cell']}` ({c['kit_s']:.0f} of {c['cell_run_s']:.0f} s)" for c in share["heaviest"])
+        + ".",
         "",
     ]
