@@ -295,6 +295,7 @@ def test_the_runner_tells_the_reports_what_it_found(gpus, monkeypatch: pytest.Mo
         "backend": "auto",
         "isolate": False,
         "cell_timeout": 10.0,
+        "max_idle_worlds": 1,
         "report_dir": tmp_path,
         "baseline": None,
     }

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conformance.checks.findings import CellResult
+from conformance.frontend.lifetimes import Lifetimes
 from conformance.frontend.options import XdistPlace
 from conformance.frontend.runner import PROBE, Runner
 from conformance.matrix.cells import Cell
@@ -46,6 +47,7 @@ def make_runner(
     runner._cells, runner._unsupported, runner._probe_failure, runner._startup_owed = None, None, None, {}
     runner.worlds, runner.outcomes = {(world.size, False): world}, {}
     runner.cell_task = lambda cell: protocol.Task("stand.in:run", {"axes": cell.axes()})
+    runner.lifetimes, runner._index, runner._retired, runner._pooled = Lifetimes(1, False), None, [], False
     return runner
 
 
