@@ -18,20 +18,12 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from conformance.world import protocol
+from conformance.world import procs, protocol
 from conformance.world.launch import ROOT, LaunchSpec
 
-# While a task runs the controller looks in turn at results, deaths and deadlines; the pause
-# between looks doubles from 1 ms up to 50 ms, so a short task is answered at once and a
-# long one costs twenty looks a second. (Blocking in c10d's ``wait`` would need a timeout to
-# notice deaths, and c10d logs a warning at each expiry.)
-FIRST_PAUSE_S = 0.001
-LONGEST_PAUSE_S = 0.05
 STACK_WAIT_S = 2.0
-LOG_TAIL_CHARS = 4000
 # Who caused a failure and who merely suffered it: a death explains a peer's "connection
 # closed by peer", never the other way round.
 _BLAME_ORDER = {protocol.DIED: 0, protocol.FAILED: 1, protocol.TIMEOUT: 2, protocol.ABORTED: 3, protocol.PASSED: 4}
@@ -70,52 +62,6 @@ class Outcome:
                 if body and body.strip():
                     parts.append(f"[{title}]\n{body.rstrip()}")
         return "\n".join(parts)
-
-
-def _pauses() -> Iterator[float]:
-    pause = FIRST_PAUSE_S
-    while True:
-        yield pause
-        pause = min(2 * pause, LONGEST_PAUSE_S)
-
-
-def _process_state(pid: int) -> tuple[bool, int | None]:
-    """(alive, wait status) of a process that is not our child: /proc shows zombies' status."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except FileNotFoundError:
-        return False, None
-    except OSError:  # no /proc (macOS): a zombie counts as alive until torchrun reaps it
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False, None
-        return True, None
-    if fields[0] in ("Z", "X"):
-        return False, int(fields[49]) if len(fields) > 49 else None
-    return True, None
-
-
-def _describe_exit(status: int | None) -> str:
-    if status is None:
-        return "the rank process exited (its exit status was already reaped)"
-    if status & 0x7F:
-        sig = status & 0x7F
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = str(sig)
-        return f"the rank process was killed by signal {name}"
-    return f"the rank process exited with code {(status >> 8) & 0xFF}"
-
-
-def _tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return ""
-    return data[-chars:].decode(errors="replace")
 
 
 class World:
@@ -169,7 +115,7 @@ class World:
                 start_new_session=True,  # one process group: killing the world kills every rank
             )
         keys = [protocol.hello_key(r) for r in range(self.spec.nproc)]
-        pauses = _pauses()
+        pauses = procs.pauses()
         while not self._store.check(keys):
             if self._proc.poll() is not None or time.monotonic() - began > self.start_timeout:
                 reason = (
@@ -239,7 +185,7 @@ class World:
         self._store.set(protocol.task_key(seq), task.encode())
         results: dict[int, protocol.RankResult] = {}
         first_failure: float | None = None
-        pauses = _pauses()
+        pauses = procs.pauses()
         while True:
             for rank in self._pending(results):
                 key = protocol.result_key(seq, rank)
@@ -252,11 +198,11 @@ class World:
             if not pending:
                 break
             now = time.monotonic()
-            states = {r: _process_state(self._pids[r]) for r in pending}
+            states = {r: procs.process_state(self._pids[r]) for r in pending}
             dead = {r: status for r, (alive, status) in states.items() if not alive}
             if dead or self._proc.poll() is not None:
                 for rank, status in dead.items():
-                    results[rank] = protocol.RankResult(rank, protocol.DIED, error=_describe_exit(status))
+                    results[rank] = protocol.RankResult(rank, protocol.DIED, error=procs.describe_exit(status))
                 if not dead:  # torchrun itself went away: every pending rank is lost
                     for rank in pending:
                         results[rank] = protocol.RankResult(rank, protocol.DIED, error="torchrun exited")
@@ -273,7 +219,7 @@ class World:
         for r in results.values():
             if not r.ok:
                 r.duration = r.duration or duration
-                r.log_tail = _tail(self._dir / f"rank{r.rank}.log") if self._dir else None
+                r.log_tail = procs.tail(self._dir / f"rank{r.rank}.log") if self._dir else None
         return Outcome([results[r] for r in range(self.spec.nproc)], duration, 0.0)
 
     def _pending(self, results: dict[int, protocol.RankResult]) -> list[int]:
@@ -309,6 +255,6 @@ class World:
     def _logs(self) -> str:
         if self._dir is None:
             return ""
-        parts = [f"[torchrun]\n{_tail(self._dir / 'torchrun.log')}"]
-        parts += [f"[rank {r}]\n{_tail(self._dir / f'rank{r}.log')}" for r in range(self.spec.nproc)]
+        parts = [f"[torchrun]\n{procs.tail(self._dir / 'torchrun.log')}"]
+        parts += [f"[rank {r}]\n{procs.tail(self._dir / f'rank{r}.log')}" for r in range(self.spec.nproc)]
         return "\n".join(parts)
