@@ -22,6 +22,8 @@ from pathlib import Path
 
 from conformance.world import procs, protocol
 from conformance.world.launch import ROOT, LaunchSpec
+from conformance.world.nodes import NodeError, Nodes
+from conformance.world.seal import PLAIN, Channel
 
 STACK_WAIT_S = 2.0
 # Who caused a failure and who merely suffered it: a death explains a peer's "connection
@@ -74,15 +76,22 @@ class World:
         base_dir: Path | None = None,
         start_timeout: float = 180.0,
         failure_grace: float = 5.0,
+        nodes: Nodes | None = None,
     ) -> None:
+        """``nodes``: a run across machines, whose join agents start the other nodes' ranks."""
         self.spec = spec
+        self.nodes = nodes
         self.base_dir = base_dir
         self.start_timeout = start_timeout
         self.failure_grace = failure_grace
         self._proc: subprocess.Popen[bytes] | None = None
         self._store = None
         self._dir: Path | None = None
-        self._pids: dict[int, int] = {}
+        self._pids: dict[int, int] = {}  # the ranks on this machine
+        # across machines: the ranks on other nodes (rank -> node) and where their logs are there
+        self._remote: dict[int, int] = {}
+        self._remote_logs: dict[int, str] = {}
+        self._channel = Channel(None)
         self._seq = 0
 
     @property
@@ -99,26 +108,38 @@ class World:
         if self.base_dir is not None:
             self.base_dir.mkdir(parents=True, exist_ok=True)
         self._dir = Path(tempfile.mkdtemp(prefix="world-", dir=self.base_dir))
+        # across machines the ranks of other nodes reach the control store where they reach the agent store
+        host = "127.0.0.1" if self.nodes is None else self.nodes.host
         self._store = dist.TCPStore(
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+            host, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
         )
+        self._channel = Channel(self._store, PLAIN if self.nodes is None else self.nodes.seal)
         self._seq = 0
         self._pids = {}
+        control = f"{host}:{self._store.port}"
+        spec = self.spec
+        if self.nodes is not None:
+            try:
+                spec = self.nodes.launch(self.spec, control)
+            except NodeError as exc:
+                self.kill()
+                raise WorldStartError(f"the world did not start: {exc}") from None
         with open(self._dir / "torchrun.log", "wb") as log:
             self._proc = subprocess.Popen(
-                self.spec.command(),
-                env=self.spec.environment(f"127.0.0.1:{self._store.port}", self._dir),
+                spec.command(),
+                env=spec.environment(control, self._dir, self._channel.seal.token),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
                 start_new_session=True,  # one process group: killing the world kills every rank
             )
-        keys = [protocol.hello_key(r) for r in range(self.spec.nproc)]
+        keys = [protocol.hello_key(r) for r in range(self.spec.world_size)]
         pauses = procs.pauses()
         while not self._store.check(keys):
-            if self._proc.poll() is not None or time.monotonic() - began > self.start_timeout:
-                reason = (
+            trouble = self.nodes.trouble(self._channel) if self.nodes is not None else None
+            if trouble or self._proc.poll() is not None or time.monotonic() - began > self.start_timeout:
+                reason = trouble or (
                     f"torchrun exited with {self._proc.returncode}"
                     if self._proc.poll() is not None
                     else f"ranks did not all greet within {self.start_timeout:.0f}s"
@@ -127,7 +148,13 @@ class World:
                 self.kill()
                 raise WorldStartError(f"the world did not start: {reason}\n{logs}")
             time.sleep(next(pauses))
-        self._pids = {r: json.loads(self._store.get(protocol.hello_key(r)))["pid"] for r in range(self.spec.nproc)}
+        for rank in range(self.spec.world_size):
+            hello = json.loads(self._channel.get(protocol.hello_key(rank)))
+            if hello.get("node", 0) == 0:
+                self._pids[rank] = hello["pid"]
+            else:  # a pid of another machine: never signalled from here, watched by its agent
+                self._remote[rank] = hello["node"]
+                self._remote_logs[rank] = hello["log"]
         return time.monotonic() - began
 
     def kill(self) -> None:
@@ -139,13 +166,15 @@ class World:
             self._proc.wait()
         self._proc = None
         self._store = None
+        self._channel = Channel(None)
         self._pids = {}
+        self._remote = {}
 
     def retire(self) -> None:
         """Tell an idle world's ranks to stop, without waiting for torchrun to notice (up to
         its monitor interval); ``close`` reaps it later."""
         if self.alive and self._store is not None:
-            self._store.set(protocol.task_key(self._seq), protocol.Task(protocol.SHUTDOWN).encode())
+            self._channel.set(protocol.task_key(self._seq), protocol.Task(protocol.SHUTDOWN).encode())
             self._seq += 1
 
     def close(self) -> None:
@@ -168,7 +197,7 @@ class World:
             try:
                 startup = self.start()
             except WorldStartError as exc:
-                results = [protocol.RankResult(r, protocol.FAILED, error=str(exc)) for r in range(self.spec.nproc)]
+                results = [protocol.RankResult(r, protocol.FAILED, error=str(exc)) for r in range(self.spec.world_size)]
                 return Outcome(results, 0.0, time.monotonic() - began)
         outcome = self._dispatch(task, timeout)
         outcome.startup = startup
@@ -182,7 +211,7 @@ class World:
         seq = self._seq
         self._seq += 1
         began = time.monotonic()
-        self._store.set(protocol.task_key(seq), task.encode())
+        self._channel.set(protocol.task_key(seq), task.encode())
         results: dict[int, protocol.RankResult] = {}
         first_failure: float | None = None
         pauses = procs.pauses()
@@ -190,7 +219,7 @@ class World:
             for rank in self._pending(results):
                 key = protocol.result_key(seq, rank)
                 if self._store.check([key]):
-                    results[rank] = protocol.RankResult.decode(self._store.get(key))
+                    results[rank] = protocol.RankResult.decode(self._channel.get(key))
                     self._store.delete_key(key)
                     if not results[rank].ok:
                         first_failure = first_failure or time.monotonic()
@@ -198,11 +227,16 @@ class World:
             if not pending:
                 break
             now = time.monotonic()
-            states = {r: procs.process_state(self._pids[r]) for r in pending}
-            dead = {r: status for r, (alive, status) in states.items() if not alive}
+            states = {r: procs.process_state(self._pids[r]) for r in pending if r in self._pids}
+            dead = {
+                r: protocol.RankResult(r, protocol.DIED, error=procs.describe_exit(status))
+                for r, (alive, status) in states.items()
+                if not alive
+            }
+            if self.nodes is not None:  # the other nodes' ranks, as their agents see them
+                dead |= self.nodes.losses(self._channel, {r: self._remote[r] for r in pending if r in self._remote})
             if dead or self._proc.poll() is not None:
-                for rank, status in dead.items():
-                    results[rank] = protocol.RankResult(rank, protocol.DIED, error=procs.describe_exit(status))
+                results.update(dead)
                 if not dead:  # torchrun itself went away: every pending rank is lost
                     for rank in pending:
                         results[rank] = protocol.RankResult(rank, protocol.DIED, error="torchrun exited")
@@ -219,11 +253,17 @@ class World:
         for r in results.values():
             if not r.ok:
                 r.duration = r.duration or duration
-                r.log_tail = procs.tail(self._dir / f"rank{r.rank}.log") if self._dir else None
-        return Outcome([results[r] for r in range(self.spec.nproc)], duration, 0.0)
+                r.log_tail = self._log_tail(r)
+        return Outcome([results[r] for r in range(self.spec.world_size)], duration, 0.0)
+
+    def _log_tail(self, result: protocol.RankResult) -> str | None:
+        if result.rank in self._remote and self.nodes is not None:  # what its agent sent, or where to look
+            node = self.nodes.name(self._remote[result.rank])
+            return result.log_tail or f"(this rank's log is on {node}: {self._remote_logs[result.rank]})"
+        return procs.tail(self._dir / f"rank{result.rank}.log") if self._dir else None
 
     def _pending(self, results: dict[int, protocol.RankResult]) -> list[int]:
-        return [r for r in range(self.spec.nproc) if r not in results]
+        return [r for r in range(self.spec.world_size) if r not in results]
 
     def _abort(self, results: dict[int, protocol.RankResult], status: str, why: str) -> None:
         """Take the stacks of every rank still running, then mark them with ``status``."""
@@ -235,6 +275,7 @@ class World:
 
     def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
         assert self._dir is not None
+        ranks = [r for r in ranks if r in self._pids]  # another node's ranks cannot be signalled from here
         files = {r: self._dir / f"rank{r}.stacks" for r in ranks}
         sizes = {r: f.stat().st_size if f.exists() else 0 for r, f in files.items()}
         signalled = []
@@ -256,5 +297,6 @@ class World:
         if self._dir is None:
             return ""
         parts = [f"[torchrun]\n{procs.tail(self._dir / 'torchrun.log')}"]
-        parts += [f"[rank {r}]\n{procs.tail(self._dir / f'rank{r}.log')}" for r in range(self.spec.nproc)]
+        ranks = [r for r in range(self.spec.world_size) if self.nodes is None or (self._dir / f"rank{r}.log").exists()]
+        parts += [f"[rank {r}]\n{procs.tail(self._dir / f'rank{r}.log')}" for r in ranks]
         return "\n".join(parts)
