@@ -121,13 +121,13 @@ class Runner:
 
     def _refusal(self, size: int) -> str | None:
         """Why a real world of ``size`` ranks cannot exist here, or None."""
-        if self.nodes is None:
+        nnodes = self.session.nnodes
+        if nnodes == 1:
             return self._lacks_devices(size)
         if size == self.session.nproc:  # ranks per machine were checked against its GPUs (options)
             return None
-        per = self.session.nproc // self.nodes.nnodes
-        ranks = "rank" if per == 1 else "ranks"
-        return f"a world of {size} ranks cannot be laid out on {self.nodes.nnodes} nodes × {per} {ranks}"
+        per = self.session.nproc // nnodes
+        return f"a world of {size} ranks cannot be laid out on {nnodes} nodes × {per} rank{'s' if per > 1 else ''}"
 
     def _lacks_devices(self, size: int) -> str | None:
         """Why a world of ``size`` ranks cannot exist here, or None."""

@@ -76,9 +76,8 @@ class World:
         base_dir: Path | None = None,
         start_timeout: float = 180.0,
         failure_grace: float = 5.0,
-        nodes: Nodes | None = None,
+        nodes: Nodes | None = None,  # across machines: the join agents that start other nodes' ranks
     ) -> None:
-        """``nodes``: a run across machines, whose join agents start the other nodes' ranks."""
         self.spec = spec
         self.nodes = nodes
         self.base_dir = base_dir
@@ -88,9 +87,8 @@ class World:
         self._store = None
         self._dir: Path | None = None
         self._pids: dict[int, int] = {}  # the ranks on this machine
-        # across machines: the ranks on other nodes (rank -> node) and where their logs are there
-        self._remote: dict[int, int] = {}
-        self._remote_logs: dict[int, str] = {}
+        self.remote: dict[int, int] = {}  # across machines: rank -> its node, for the ranks on other nodes
+        self._remote_logs: dict[int, str] = {}  # and where their logs are, there
         self._channel = Channel(None)
         self._seq = 0
 
@@ -153,7 +151,7 @@ class World:
             if hello.get("node", 0) == 0:
                 self._pids[rank] = hello["pid"]
             else:  # a pid of another machine: never signalled from here, watched by its agent
-                self._remote[rank] = hello["node"]
+                self.remote[rank] = hello["node"]
                 self._remote_logs[rank] = hello["log"]
         return time.monotonic() - began
 
@@ -168,7 +166,7 @@ class World:
         self._store = None
         self._channel = Channel(None)
         self._pids = {}
-        self._remote = {}
+        self.remote = {}
 
     def retire(self) -> None:
         """Tell an idle world's ranks to stop, without waiting for torchrun to notice (up to
@@ -234,7 +232,7 @@ class World:
                 if not alive
             }
             if self.nodes is not None:  # the other nodes' ranks, as their agents see them
-                dead |= self.nodes.losses(self._channel, {r: self._remote[r] for r in pending if r in self._remote})
+                dead |= self.nodes.losses(self._channel, {r: self.remote[r] for r in pending if r in self.remote})
             if dead or self._proc.poll() is not None:
                 results.update(dead)
                 if not dead:  # torchrun itself went away: every pending rank is lost
@@ -257,9 +255,9 @@ class World:
         return Outcome([results[r] for r in range(self.spec.world_size)], duration, 0.0)
 
     def _log_tail(self, result: protocol.RankResult) -> str | None:
-        if result.rank in self._remote and self.nodes is not None:  # what its agent sent, or where to look
-            node = self.nodes.name(self._remote[result.rank])
-            return result.log_tail or f"(this rank's log is on {node}: {self._remote_logs[result.rank]})"
+        if result.rank in self.remote and self.nodes is not None:  # what its agent sent, or where to look
+            where = f"{self.nodes.name(self.remote[result.rank])}: {self._remote_logs[result.rank]}"
+            return result.log_tail or f"(this rank's log is on {where})"
         return procs.tail(self._dir / f"rank{result.rank}.log") if self._dir else None
 
     def _pending(self, results: dict[int, protocol.RankResult]) -> list[int]:
