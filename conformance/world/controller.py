@@ -78,8 +78,9 @@ class World:
         failure_grace: float = 5.0,
         nodes: Nodes | None = None,  # across machines: the join agents that start other nodes' ranks
     ) -> None:
-        self.spec = spec
+        self.spec = spec  # this machine's part of the world
         self.nodes = nodes
+        self.size = spec.nproc * (nodes.nnodes if nodes else 1)  # ranks in the world
         self.base_dir = base_dir
         self.start_timeout = start_timeout
         self.failure_grace = failure_grace
@@ -106,8 +107,7 @@ class World:
         if self.base_dir is not None:
             self.base_dir.mkdir(parents=True, exist_ok=True)
         self._dir = Path(tempfile.mkdtemp(prefix="world-", dir=self.base_dir))
-        # across machines the ranks of other nodes reach the control store where they reach the agent store
-        host = "127.0.0.1" if self.nodes is None else self.nodes.host
+        host = "127.0.0.1" if self.nodes is None else self.nodes.host  # where other nodes' ranks reach it
         self._store = dist.TCPStore(
             host, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
         )
@@ -132,7 +132,7 @@ class World:
                 cwd=ROOT,
                 start_new_session=True,  # one process group: killing the world kills every rank
             )
-        keys = [protocol.hello_key(r) for r in range(self.spec.world_size)]
+        keys = [protocol.hello_key(r) for r in range(self.size)]
         pauses = procs.pauses()
         while not self._store.check(keys):
             trouble = self.nodes.trouble(self._channel) if self.nodes is not None else None
@@ -146,7 +146,7 @@ class World:
                 self.kill()
                 raise WorldStartError(f"the world did not start: {reason}\n{logs}")
             time.sleep(next(pauses))
-        for rank in range(self.spec.world_size):
+        for rank in range(self.size):
             hello = json.loads(self._channel.get(protocol.hello_key(rank)))
             if hello.get("node", 0) == 0:
                 self._pids[rank] = hello["pid"]
@@ -195,7 +195,7 @@ class World:
             try:
                 startup = self.start()
             except WorldStartError as exc:
-                results = [protocol.RankResult(r, protocol.FAILED, error=str(exc)) for r in range(self.spec.world_size)]
+                results = [protocol.RankResult(r, protocol.FAILED, error=str(exc)) for r in range(self.size)]
                 return Outcome(results, 0.0, time.monotonic() - began)
         outcome = self._dispatch(task, timeout)
         outcome.startup = startup
@@ -252,7 +252,7 @@ class World:
             if not r.ok:
                 r.duration = r.duration or duration
                 r.log_tail = self._log_tail(r)
-        return Outcome([results[r] for r in range(self.spec.world_size)], duration, 0.0)
+        return Outcome([results[r] for r in range(self.size)], duration, 0.0)
 
     def _log_tail(self, result: protocol.RankResult) -> str | None:
         if result.rank in self.remote and self.nodes is not None:  # what its agent sent, or where to look
@@ -261,7 +261,7 @@ class World:
         return procs.tail(self._dir / f"rank{result.rank}.log") if self._dir else None
 
     def _pending(self, results: dict[int, protocol.RankResult]) -> list[int]:
-        return [r for r in range(self.spec.world_size) if r not in results]
+        return [r for r in range(self.size) if r not in results]
 
     def _abort(self, results: dict[int, protocol.RankResult], status: str, why: str) -> None:
         """Take the stacks of every rank still running, then mark them with ``status``."""
@@ -295,6 +295,6 @@ class World:
         if self._dir is None:
             return ""
         parts = [f"[torchrun]\n{procs.tail(self._dir / 'torchrun.log')}"]
-        ranks = [r for r in range(self.spec.world_size) if self.nodes is None or (self._dir / f"rank{r}.log").exists()]
+        ranks = [r for r in range(self.size) if self.nodes is None or (self._dir / f"rank{r}.log").exists()]
         parts += [f"[rank {r}]\n{procs.tail(self._dir / f'rank{r}.log')}" for r in ranks]
         return "\n".join(parts)

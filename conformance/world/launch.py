@@ -147,10 +147,6 @@ class LaunchSpec:
     monitor_interval: float = 2.0
     rendezvous: Rendezvous | None = None  # None: one machine, a standalone torchrun
 
-    @property
-    def world_size(self) -> int:
-        return self.nproc * (self.rendezvous.nnodes if self.rendezvous else 1)
-
     def command(self) -> list[str]:
         # --standalone: a free rendezvous port per world, so that worlds never collide
         where = ["--standalone"] if self.rendezvous is None else self.rendezvous.arguments()
