@@ -166,3 +166,26 @@ def test_the_suite_across_two_nodes_conforms(tmp_path: Path) -> None:
         if agent.poll() is None:
             agent.kill()
     assert procs.process_state(agent.pid)[0] is False
+
+
+def test_an_agent_exits_with_its_controller(tmp_path: Path) -> None:
+    """A controller killed outright: its agent stops its worlds and exits 1, saying why."""
+    endpoint = f"127.0.0.1:{_free_port()}"
+    listen = f"from conformance.world.nodes import Nodes; n = Nodes({endpoint!r}, 2, {TOKEN!r}); input()"
+    controller = subprocess.Popen([sys.executable, "-c", listen], cwd=ROOT, stdin=subprocess.PIPE)
+    log = tmp_path / "agent.log"
+    agent = join(endpoint, TOKEN, log)
+    try:
+        deadline = time.monotonic() + 120
+        while not any("joined the run" in line for line in said(log)) and time.monotonic() < deadline:
+            assert agent.poll() is None, "\n".join(said(log))
+            time.sleep(0.2)
+        controller.kill()
+        assert agent.wait(timeout=30) == 1
+        assert said(log)[-1].endswith(
+            f"the controller at {endpoint} is gone without ending the run: this node's worlds stop"
+        )
+    finally:
+        for process in (controller, agent):
+            if process.poll() is None:
+                process.kill()
