@@ -120,7 +120,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[RUNNER] = Runner(config)
     if (nodes := config.stash[RUNNER].nodes) is not None:  # said before collection, which waits for them
         told = None if seal.ENV_TOKEN in os.environ else nodes.seal.token
-        sys.stderr.write(f"waiting for {nodes.nnodes - 1} join agents; on each: {join_command(nodes.endpoint, told)}\n")
+        agents = f"{nodes.nnodes - 1} join agent{'s' if nodes.nnodes > 2 else ''}"
+        sys.stderr.write(f"waiting for {agents}; on each: {join_command(nodes.endpoint, told)}\n")
     report_dir = config.getoption("report_dir")
     if report_dir is not None and not hasattr(config, "workerinput"):  # xdist workers report to the controller
         from conformance.reports.writer import Reporter
