@@ -36,7 +36,9 @@ from conformance.world.rankloop import NEVER, wait_for
 from conformance.world.seal import Channel, Seal, WrongToken
 
 ANSWER_TIMEOUT = datetime.timedelta(seconds=60)  # for the controller to answer a registration
-STORE_TIMEOUT = datetime.timedelta(seconds=60)  # to connect to a store, and each request on it
+# to connect to a store, and for each request on it: an agent started beside its controller
+# (as under Slurm) may have to wait for it to start listening
+STORE_TIMEOUT = datetime.timedelta(seconds=300)
 
 
 class Refused(RuntimeError):
@@ -71,11 +73,14 @@ class Part:
 
 
 class Agent:
+    """One machine's agent: ``join`` once, then ``serve`` the run's world requests."""
+
     def __init__(self, endpoint: str, token: str, base_dir: Path) -> None:
         self.endpoint = endpoint
         self.seal = Seal(token)
         self.base_dir = base_dir
         self.node: protocol.Node | None = None
+        self._store: Any = None  # the agent store, once joined
         self.parts: list[Part] = []
         self._over = threading.Event()  # stops the heartbeat
 
@@ -83,7 +88,7 @@ class Agent:
         """Enrol: the node this agent is, or ``Refused`` with the controller's reason."""
         try:
             store = _connect(self.endpoint)
-        except (RuntimeError, ValueError) as exc:  # c10d raises DistNetworkError (a RuntimeError) or TimeoutError
+        except (RuntimeError, OSError) as exc:  # c10d: DistNetworkError (a RuntimeError), or TimeoutError
             raise Refused(f"cannot reach the controller at {self.endpoint}: {exc}") from None
         slot = store.add(protocol.JOINED, 1)
         me = protocol.Node(-1, socket.gethostname(), os.getpid())  # the controller gives the rank
@@ -172,8 +177,9 @@ class Agent:
             say(f"world {part.seq}: started {request.nproc} ranks (torchrun pid {part.proc.pid}) in {part.folder}")
             self._watch(part, control)
         except (OSError, RuntimeError) as exc:  # torchrun, its folder, or this node's devices
-            with contextlib.suppress(RuntimeError):
+            with contextlib.suppress(RuntimeError):  # the world may be gone already
                 control.set(protocol.fault_key(self.node.rank), f"{self.node} could not start its ranks: {exc}")
+                control.store.add(protocol.TROUBLE, 1)
             say(f"world {part.seq}: could not start: {exc}")
         finally:
             part.stop()
@@ -200,10 +206,12 @@ class Agent:
                         tail = procs.tail(part.folder / f"rank{rank}.log")
                         result = protocol.RankResult(rank, protocol.DIED, error=account, log_tail=tail)
                         control.set(protocol.death_key(rank), result.encode())
+                        control.store.add(protocol.TROUBLE, 1)
                 if (code := part.proc.poll()) is not None:
                     if code != 0:
                         why = f"torchrun on {self.node} exited with {code}:\n{procs.tail(part.folder / 'torchrun.log')}"
                         control.set(protocol.fault_key(self.node.rank), why)
+                        control.store.add(protocol.TROUBLE, 1)
                     wait_for(control.store, NEVER)  # until the world's store goes
                     return
                 time.sleep(next(pauses))

@@ -111,6 +111,8 @@ class Nodes:
         """Why a world cannot start: a lost node, or an agent's account of its torchrun."""
         if lost := self.lost():
             return "; ".join(lost.values())
+        if control.store.add(protocol.TROUBLE, 0) == 0:
+            return None
         faults = [
             control.get(key) for node in self.nodes[1:] if control.store.check([key := protocol.fault_key(node.rank)])
         ]
@@ -121,6 +123,8 @@ class Nodes:
         them, or with a node that is lost or whose torchrun ended."""
         lost = self.lost()
         found: dict[int, protocol.RankResult] = {}
+        if not lost and control.store.add(protocol.TROUBLE, 0) == 0:
+            return found
         for rank, node in where.items():
             if control.store.check([protocol.death_key(rank)]):
                 found[rank] = protocol.RankResult.decode(control.get(protocol.death_key(rank)))

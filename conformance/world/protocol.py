@@ -31,6 +31,11 @@ def hello_key(rank: int) -> str:
     return f"hello/{rank}"
 
 
+# A counter a join agent adds to after each death or fault it reports, so that the controller
+# looks at one key per look, however many ranks the other nodes hold.
+TROUBLE = "trouble"
+
+
 def death_key(rank: int) -> str:
     """Set by a join agent when a rank of its node dies: a ``RankResult`` of status DIED."""
     return f"death/{rank}"
