@@ -155,7 +155,12 @@ def test_the_suite_across_two_nodes_conforms(tmp_path: Path) -> None:
     try:
         layout = ["--nnodes", "2", "--nproc", "1", "--rdzv-endpoint", endpoint]
         suite = run_suite(
-            tmp_path, *layout, "--profile", "smoke", "-k", "mlp and fsdp_jit", env={seal.ENV_TOKEN: TOKEN}, timeout=300
+            tmp_path,
+            *layout,
+            *("--profile", "smoke", "-k", "mlp and fsdp_jit"),
+            env={seal.ENV_TOKEN: TOKEN},
+            timeout=300,
+            shared=False,  # its worlds span the agent's node: none of the pool's one-machine worlds
         )
         assert suite.returncode == 0, suite.output
         assert suite.report["environment"]["nodes"] == 2 and suite.report["environment"]["world_size"] == 2
