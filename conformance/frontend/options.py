@@ -19,6 +19,7 @@ import pytest
 from conformance.matrix.axes import cell_from_axes
 from conformance.matrix.cells import Cell
 from conformance.world import launch
+from conformance.world.protocol import split_endpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,7 @@ def check(config: pytest.Config) -> None:
     config.option.cell_timeout = _cell_timeout(config.option.cell_timeout)
     config.option.max_idle_worlds = _whole_number(config.option.max_idle_worlds, "--max-idle-worlds", 0, "worlds")
     config.option.min_gpus = _min_gpus(config.option.min_gpus, workers)
+    config.option.nnodes = _nodes(config.option.nnodes, config.option.rdzv_endpoint, workers)
     if config.option.backend == "nccl":
         _enough_gpus(config.option.nproc, workers)
     if config.option.replay is not None:
@@ -118,6 +120,27 @@ def _one_rank_per_gpu(workers: int) -> int:
             "whose worlds need at least one each: run fewer workers"
         )
     return gpus
+
+
+def _nodes(value: object, endpoint: str | None, workers: int) -> int:
+    """``--nnodes N --rdzv-endpoint HOST:PORT``: N machines per world, their agents joining
+    this process at HOST:PORT (which must be this machine's, reachable from theirs)."""
+    n = _whole_number(value, "--nnodes", 1, "machines")
+    if n == 1:
+        if endpoint is not None:
+            raise pytest.UsageError(f"--rdzv-endpoint {endpoint}: only a run with --nnodes above 1 has join agents")
+        return n
+    if endpoint is None:
+        raise pytest.UsageError(
+            f"--nnodes {n} needs --rdzv-endpoint HOST:PORT, an address of this machine the other machines reach"
+        )
+    try:
+        split_endpoint(endpoint)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--rdzv-endpoint: {exc}") from None
+    if workers > 1:  # one set of agents, one endpoint: a run across machines is one pytest process
+        raise pytest.UsageError(f"--nnodes {n} runs every world from one pytest process: leave out -n")
+    return n
 
 
 def _cell_timeout(value: object) -> float:

@@ -8,6 +8,8 @@ Loaded from the repository's conftest.py. Test modules of the suite take two fix
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +25,8 @@ from conformance.frontend.xfails import KnownNonConformance
 from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import PROFILES
 from conformance.reports.outcomes import is_unsupported
+from conformance.world import seal
+from conformance.world.nodes import join_command
 
 # Hypothesis profiles for generated cells; hypothesis's own --hypothesis-profile picks one.
 _QUIET = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -55,6 +59,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="N",
         help="refuse to start (exit 4) with fewer than N usable GPUs per xdist worker; tox -e multigpu passes 2",
+    )
+    group.addoption(
+        "--nnodes",
+        default=1,
+        metavar="N",
+        help="machines per world (default 1); above 1 --nproc counts ranks per machine, --rdzv-endpoint is needed, "
+        "and each other machine runs `python -m conformance.join HOST:PORT`",
+    )
+    group.addoption(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="with --nnodes above 1: where this machine listens for the other machines' join agents",
     )
     group.addoption("--cell-timeout", default=300.0, help="seconds a cell may run before its world is killed (> 0)")
     group.addoption("--isolate", action="store_true", help="start a fresh world for every cell instead of reusing one")
@@ -101,6 +118,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cell(id): a conformance cell, run on a torchrun world")
     options.check(config)  # a bad option ends the run here, in one line, before any world starts
     config.stash[RUNNER] = Runner(config)
+    if (nodes := config.stash[RUNNER].nodes) is not None:  # said before collection, which waits for them
+        told = None if seal.ENV_TOKEN in os.environ else nodes.seal.token
+        agents = f"{nodes.nnodes - 1} join agent{'s' if nodes.nnodes > 2 else ''}"
+        sys.stderr.write(f"waiting for {agents}; on each: {join_command(nodes.endpoint, told)}\n")
     report_dir = config.getoption("report_dir")
     if report_dir is not None and not hasattr(config, "workerinput"):  # xdist workers report to the controller
         from conformance.reports.writer import Reporter

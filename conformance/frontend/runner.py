@@ -3,6 +3,7 @@ under --isolate), runs each cell once and remembers its outcome for every area's
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,9 +17,10 @@ from conformance.matrix.profiles import cells
 from conformance.matrix.simulated import SAMPLED
 from conformance.reports import environment
 from conformance.reports.session import SessionInfo
-from conformance.world import launch, protocol
+from conformance.world import launch, protocol, seal
 from conformance.world.controller import Outcome, World
 from conformance.world.launch import ROOT, LaunchSpec
+from conformance.world.nodes import Nodes
 
 RUN_CELL = "conformance.rank.entry:run_cell"  # named, never imported: the ranks import it
 PROBE = "conformance.rank.probe:probe_compositions"  # composition -> why unsupported, or None
@@ -29,7 +31,9 @@ class Runner:
     """The controller's state for one pytest process: its worlds and every cell's outcome."""
 
     def __init__(self, config: pytest.Config) -> None:
-        nproc: int = config.getoption("nproc")
+        nproc: int = config.getoption("nproc")  # ranks per machine: the world has nproc * nnodes
+        nnodes: int = config.getoption("nnodes")
+        endpoint: str | None = config.getoption("rdzv_endpoint")
         xfails_file: Path = config.getoption("xfails")
         try:  # an unusable xfails file ends the run before any world starts: exit status 4
             self.expectations = xfails.load(xfails_file)
@@ -46,7 +50,7 @@ class Runner:
         # the run's options, kept once: the reports read them too
         self.session = SessionInfo(
             backend=launch.resolve_backend(requested, nproc, self.place.workers),
-            nproc=nproc,
+            nproc=nproc * nnodes,
             profile=profile,
             isolate=config.getoption("isolate"),
             xfails_file=xfails_file,
@@ -55,7 +59,16 @@ class Runner:
             gpus_visible=found.devices,
             cuda_unusable=found.unusable,
             xdist_workers=self.place.workers,
+            nnodes=nnodes,
+            rdzv_endpoint=endpoint,
         )
+        self.nodes: Nodes | None = None  # a run across machines: the other machines' join agents
+        if nnodes > 1 and endpoint is not None:
+            token = os.environ.get(seal.ENV_TOKEN) or seal.new_token()
+            try:
+                self.nodes = Nodes(endpoint, nnodes, token)
+            except RuntimeError as exc:  # c10d: the port is taken, or the host is not this machine's
+                raise pytest.UsageError(f"--rdzv-endpoint {endpoint}: cannot listen there: {exc}") from None
         self.cell_timeout: float = config.getoption("cell_timeout")
         self.base_dir = Path(config.getoption("report_dir") or config.rootpath / ".conformance") / "worlds"
         self.baseline = baseline.load(config.getoption("baseline"))
@@ -106,6 +119,16 @@ class Runner:
                         self._unsupported.setdefault(name, reason)
         return self._unsupported
 
+    def _refusal(self, size: int) -> str | None:
+        """Why a real world of ``size`` ranks cannot exist here, or None."""
+        nnodes = self.session.nnodes
+        if nnodes == 1:
+            return self._lacks_devices(size)
+        if size == self.session.nproc:  # ranks per machine were checked against its GPUs (options)
+            return None
+        per = self.session.nproc // nnodes
+        return f"a world of {size} ranks cannot be laid out on {nnodes} nodes × {per} rank{'s' if per > 1 else ''}"
+
     def _lacks_devices(self, size: int) -> str | None:
         """Why a world of ``size`` ranks cannot exist here, or None."""
         if self.session.backend != "nccl" or size <= (share := launch.gpus_per_worker(self.place.workers)):
@@ -123,14 +146,16 @@ class Runner:
                 spec = LaunchSpec(nproc=size, backend=protocol.NO_GROUP)
             else:
                 backend = self.session.backend
-                devices = launch.device_slice(backend, size, self.place.slot, self.place.workers)
-                spec = LaunchSpec(nproc=size, backend=backend, cuda_devices=devices)
-            self.worlds[size, simulated] = World(spec, base_dir=self.base_dir)
+                per_node = size // (self.nodes.nnodes if self.nodes else 1)
+                devices = launch.device_slice(backend, per_node, self.place.slot, self.place.workers)
+                spec = LaunchSpec(nproc=per_node, backend=backend, cuda_devices=devices)
+            nodes = None if simulated else self.nodes  # a simulated world's processes stay on this machine
+            self.worlds[size, simulated] = World(spec, base_dir=self.base_dir, nodes=nodes)
         return self.worlds[size, simulated]
 
     def run(self, cell: Cell) -> Outcome:
         if cell.id not in self.outcomes:
-            if not cell.simulated and (why := self._lacks_devices(cell.world_size)) is not None:
+            if not cell.simulated and (why := self._refusal(cell.world_size)) is not None:
                 # every rank's answer, as a probe that refused the cell would give it
                 answer = CellResult(unsupported=why).to_json()
                 results = [protocol.RankResult(r, protocol.PASSED, answer) for r in range(cell.world_size)]
@@ -189,6 +214,8 @@ class Runner:
     def close(self) -> None:
         for world in [*self._retired, *([] if self._pooled else self.worlds.values())]:
             world.close()
+        if self.nodes is not None:
+            self.nodes.close()
 
 
 RUNNER = pytest.StashKey[Runner]()

@@ -74,6 +74,7 @@ def describe(session: SessionInfo) -> dict[str, Any]:
         "cuda_unusable": session.cuda_unusable,
         "xdist_workers": session.xdist_workers,
         "kit": kit_checkout(),
+        **({"nodes": session.nnodes} if session.nnodes > 1 else {}),  # a run across machines
     }
 
 

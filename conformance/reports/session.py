@@ -23,10 +23,16 @@ class SessionInfo:
     gpus_visible: int = 0  # torch.cuda.device_count(), through CUDA_VISIBLE_DEVICES
     cuda_unusable: str | None = None  # why this torch cannot use them, where it cannot
     xdist_workers: int = 1  # the visible GPUs are split between them
+    # across machines: nproc ranks are laid out as nnodes machines of nproc // nnodes ranks each
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None
 
     def repro(self, nodeid: str) -> str:
         """The command line that reruns one item as this run ran it."""
         args = ["python", "-m", "pytest", plain_nodeid(nodeid), "--nproc", str(self.nproc), "--backend", self.backend]
+        if self.nnodes > 1:  # with a join agent on each other machine, as this run had
+            args[5] = str(self.nproc // self.nnodes)  # --nproc counts ranks per machine there
+            args += ["--nnodes", str(self.nnodes), "--rdzv-endpoint", str(self.rdzv_endpoint)]
         if self.profile != "ci":  # the item exists only where its profile picks its cell
             args += ["--profile", self.profile]
         if not self.default_xfails:

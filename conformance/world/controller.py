@@ -18,20 +18,14 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from conformance.world import protocol
+from conformance.world import procs, protocol
 from conformance.world.launch import ROOT, LaunchSpec
+from conformance.world.nodes import NodeError, Nodes
+from conformance.world.seal import PLAIN, Channel
 
-# While a task runs the controller looks in turn at results, deaths and deadlines; the pause
-# between looks doubles from 1 ms up to 50 ms, so a short task is answered at once and a
-# long one costs twenty looks a second. (Blocking in c10d's ``wait`` would need a timeout to
-# notice deaths, and c10d logs a warning at each expiry.)
-FIRST_PAUSE_S = 0.001
-LONGEST_PAUSE_S = 0.05
 STACK_WAIT_S = 2.0
-LOG_TAIL_CHARS = 4000
 # Who caused a failure and who merely suffered it: a death explains a peer's "connection
 # closed by peer", never the other way round.
 _BLAME_ORDER = {protocol.DIED: 0, protocol.FAILED: 1, protocol.TIMEOUT: 2, protocol.ABORTED: 3, protocol.PASSED: 4}
@@ -72,52 +66,6 @@ class Outcome:
         return "\n".join(parts)
 
 
-def _pauses() -> Iterator[float]:
-    pause = FIRST_PAUSE_S
-    while True:
-        yield pause
-        pause = min(2 * pause, LONGEST_PAUSE_S)
-
-
-def _process_state(pid: int) -> tuple[bool, int | None]:
-    """(alive, wait status) of a process that is not our child: /proc shows zombies' status."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except FileNotFoundError:
-        return False, None
-    except OSError:  # no /proc (macOS): a zombie counts as alive until torchrun reaps it
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False, None
-        return True, None
-    if fields[0] in ("Z", "X"):
-        return False, int(fields[49]) if len(fields) > 49 else None
-    return True, None
-
-
-def _describe_exit(status: int | None) -> str:
-    if status is None:
-        return "the rank process exited (its exit status was already reaped)"
-    if status & 0x7F:
-        sig = status & 0x7F
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = str(sig)
-        return f"the rank process was killed by signal {name}"
-    return f"the rank process exited with code {(status >> 8) & 0xFF}"
-
-
-def _tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return ""
-    return data[-chars:].decode(errors="replace")
-
-
 class World:
     """A torchrun world that outlives tasks, restarted only when a task leaves it unfit."""
 
@@ -128,15 +76,21 @@ class World:
         base_dir: Path | None = None,
         start_timeout: float = 180.0,
         failure_grace: float = 5.0,
+        nodes: Nodes | None = None,  # across machines: the join agents that start other nodes' ranks
     ) -> None:
-        self.spec = spec
+        self.spec = spec  # this machine's part of the world
+        self.nodes = nodes
+        self.size = spec.nproc * (nodes.nnodes if nodes else 1)  # ranks in the world
         self.base_dir = base_dir
         self.start_timeout = start_timeout
         self.failure_grace = failure_grace
         self._proc: subprocess.Popen[bytes] | None = None
         self._store = None
         self._dir: Path | None = None
-        self._pids: dict[int, int] = {}
+        self._pids: dict[int, int] = {}  # the ranks on this machine
+        self.remote: dict[int, int] = {}  # across machines: rank -> its node, for the ranks on other nodes
+        self._remote_logs: dict[int, str] = {}  # and where their logs are, there
+        self._channel = Channel(None)
         self._seq = 0
 
     @property
@@ -153,26 +107,37 @@ class World:
         if self.base_dir is not None:
             self.base_dir.mkdir(parents=True, exist_ok=True)
         self._dir = Path(tempfile.mkdtemp(prefix="world-", dir=self.base_dir))
+        host = "127.0.0.1" if self.nodes is None else self.nodes.host  # where other nodes' ranks reach it
         self._store = dist.TCPStore(
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+            host, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
         )
+        self._channel = Channel(self._store, PLAIN if self.nodes is None else self.nodes.seal)
         self._seq = 0
         self._pids = {}
+        control = f"{host}:{self._store.port}"
+        spec = self.spec
+        if self.nodes is not None:
+            try:
+                spec = self.nodes.launch(self.spec, control)
+            except NodeError as exc:
+                self.kill()
+                raise WorldStartError(f"the world did not start: {exc}") from None
         with open(self._dir / "torchrun.log", "wb") as log:
             self._proc = subprocess.Popen(
-                self.spec.command(),
-                env=self.spec.environment(f"127.0.0.1:{self._store.port}", self._dir),
+                spec.command(),
+                env=spec.environment(control, self._dir, self._channel.seal.token),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
                 start_new_session=True,  # one process group: killing the world kills every rank
             )
-        keys = [protocol.hello_key(r) for r in range(self.spec.nproc)]
-        pauses = _pauses()
+        keys = [protocol.hello_key(r) for r in range(self.size)]
+        pauses = procs.pauses()
         while not self._store.check(keys):
-            if self._proc.poll() is not None or time.monotonic() - began > self.start_timeout:
-                reason = (
+            trouble = self.nodes.trouble(self._channel) if self.nodes is not None else None
+            if trouble or self._proc.poll() is not None or time.monotonic() - began > self.start_timeout:
+                reason = trouble or (
                     f"torchrun exited with {self._proc.returncode}"
                     if self._proc.poll() is not None
                     else f"ranks did not all greet within {self.start_timeout:.0f}s"
@@ -181,7 +146,13 @@ class World:
                 self.kill()
                 raise WorldStartError(f"the world did not start: {reason}\n{logs}")
             time.sleep(next(pauses))
-        self._pids = {r: json.loads(self._store.get(protocol.hello_key(r)))["pid"] for r in range(self.spec.nproc)}
+        for rank in range(self.size):
+            hello = json.loads(self._channel.get(protocol.hello_key(rank)))
+            if hello.get("node", 0) == 0:
+                self._pids[rank] = hello["pid"]
+            else:  # a pid of another machine: never signalled from here, watched by its agent
+                self.remote[rank] = hello["node"]
+                self._remote_logs[rank] = hello["log"]
         return time.monotonic() - began
 
     def kill(self) -> None:
@@ -193,13 +164,15 @@ class World:
             self._proc.wait()
         self._proc = None
         self._store = None
+        self._channel = Channel(None)
         self._pids = {}
+        self.remote = {}
 
     def retire(self) -> None:
         """Tell an idle world's ranks to stop, without waiting for torchrun to notice (up to
         its monitor interval); ``close`` reaps it later."""
         if self.alive and self._store is not None:
-            self._store.set(protocol.task_key(self._seq), protocol.Task(protocol.SHUTDOWN).encode())
+            self._channel.set(protocol.task_key(self._seq), protocol.Task(protocol.SHUTDOWN).encode())
             self._seq += 1
 
     def close(self) -> None:
@@ -222,7 +195,7 @@ class World:
             try:
                 startup = self.start()
             except WorldStartError as exc:
-                results = [protocol.RankResult(r, protocol.FAILED, error=str(exc)) for r in range(self.spec.nproc)]
+                results = [protocol.RankResult(r, protocol.FAILED, error=str(exc)) for r in range(self.size)]
                 return Outcome(results, 0.0, time.monotonic() - began)
         outcome = self._dispatch(task, timeout)
         outcome.startup = startup
@@ -236,15 +209,15 @@ class World:
         seq = self._seq
         self._seq += 1
         began = time.monotonic()
-        self._store.set(protocol.task_key(seq), task.encode())
+        self._channel.set(protocol.task_key(seq), task.encode())
         results: dict[int, protocol.RankResult] = {}
         first_failure: float | None = None
-        pauses = _pauses()
+        pauses = procs.pauses()
         while True:
             for rank in self._pending(results):
                 key = protocol.result_key(seq, rank)
                 if self._store.check([key]):
-                    results[rank] = protocol.RankResult.decode(self._store.get(key))
+                    results[rank] = protocol.RankResult.decode(self._channel.get(key))
                     self._store.delete_key(key)
                     if not results[rank].ok:
                         first_failure = first_failure or time.monotonic()
@@ -252,11 +225,16 @@ class World:
             if not pending:
                 break
             now = time.monotonic()
-            states = {r: _process_state(self._pids[r]) for r in pending}
-            dead = {r: status for r, (alive, status) in states.items() if not alive}
+            states = {r: procs.process_state(self._pids[r]) for r in pending if r in self._pids}
+            dead = {
+                r: protocol.RankResult(r, protocol.DIED, error=procs.describe_exit(status))
+                for r, (alive, status) in states.items()
+                if not alive
+            }
+            if self.nodes is not None:  # the other nodes' ranks, as their agents see them
+                dead |= self.nodes.losses(self._channel, {r: self.remote[r] for r in pending if r in self.remote})
             if dead or self._proc.poll() is not None:
-                for rank, status in dead.items():
-                    results[rank] = protocol.RankResult(rank, protocol.DIED, error=_describe_exit(status))
+                results.update(dead)
                 if not dead:  # torchrun itself went away: every pending rank is lost
                     for rank in pending:
                         results[rank] = protocol.RankResult(rank, protocol.DIED, error="torchrun exited")
@@ -273,11 +251,17 @@ class World:
         for r in results.values():
             if not r.ok:
                 r.duration = r.duration or duration
-                r.log_tail = _tail(self._dir / f"rank{r.rank}.log") if self._dir else None
-        return Outcome([results[r] for r in range(self.spec.nproc)], duration, 0.0)
+                r.log_tail = self._log_tail(r)
+        return Outcome([results[r] for r in range(self.size)], duration, 0.0)
+
+    def _log_tail(self, result: protocol.RankResult) -> str | None:
+        if result.rank in self.remote and self.nodes is not None:  # what its agent sent, or where to look
+            where = f"{self.nodes.name(self.remote[result.rank])}: {self._remote_logs[result.rank]}"
+            return result.log_tail or f"(this rank's log is on {where})"
+        return procs.tail(self._dir / f"rank{result.rank}.log") if self._dir else None
 
     def _pending(self, results: dict[int, protocol.RankResult]) -> list[int]:
-        return [r for r in range(self.spec.nproc) if r not in results]
+        return [r for r in range(self.size) if r not in results]
 
     def _abort(self, results: dict[int, protocol.RankResult], status: str, why: str) -> None:
         """Take the stacks of every rank still running, then mark them with ``status``."""
@@ -289,6 +273,7 @@ class World:
 
     def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
         assert self._dir is not None
+        ranks = [r for r in ranks if r in self._pids]  # another node's ranks cannot be signalled from here
         files = {r: self._dir / f"rank{r}.stacks" for r in ranks}
         sizes = {r: f.stat().st_size if f.exists() else 0 for r, f in files.items()}
         signalled = []
@@ -309,6 +294,7 @@ class World:
     def _logs(self) -> str:
         if self._dir is None:
             return ""
-        parts = [f"[torchrun]\n{_tail(self._dir / 'torchrun.log')}"]
-        parts += [f"[rank {r}]\n{_tail(self._dir / f'rank{r}.log')}" for r in range(self.spec.nproc)]
+        parts = [f"[torchrun]\n{procs.tail(self._dir / 'torchrun.log')}"]
+        ranks = [r for r in range(self.size) if self.nodes is None or (self._dir / f"rank{r}.log").exists()]
+        parts += [f"[rank {r}]\n{procs.tail(self._dir / f'rank{r}.log')}" for r in ranks]
         return "\n".join(parts)

@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from conformance.world import protocol
+from conformance.world import protocol, seal
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: ranks import the kit from here
 MASK = "CUDA_VISIBLE_DEVICES"
@@ -117,20 +117,44 @@ def device_slice(backend: str, nproc: int, slot: int, workers: int = 1) -> str |
 
 
 @dataclasses.dataclass(frozen=True)
+class Rendezvous:
+    """Where the torchruns of a world across machines meet: torchrun's c10d rendezvous, kept
+    in the controller's agent store, so that a world needs no port of its own on any node."""
+
+    nnodes: int
+    endpoint: str  # HOST:PORT of the controller's agent store
+    rdzv_id: str  # fresh for every world start: a rendezvous is never reused
+    node: int = 0  # the node whose part of the world this torchrun starts
+
+    def arguments(self) -> list[str]:
+        return [
+            f"--nnodes={self.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.endpoint}",
+            f"--rdzv-id={self.rdzv_id}",
+            # the controller hosts the store; a torchrun that guessed otherwise from the host name would try to bind it
+            "--rdzv-conf=is_host=false",
+        ]
+
+
+@dataclasses.dataclass(frozen=True)
 class LaunchSpec:
-    nproc: int
+    nproc: int  # ranks on each node: the world has nproc * nnodes
     backend: str
     cuda_devices: str | None = None
     # torchrun reacts to a dead rank by killing the others; the controller wants to take
     # their stacks first, so torchrun looks less often than the controller does.
     monitor_interval: float = 2.0
+    rendezvous: Rendezvous | None = None  # None: one machine, a standalone torchrun
 
     def command(self) -> list[str]:
+        # --standalone: a free rendezvous port per world, so that worlds never collide
+        where = ["--standalone"] if self.rendezvous is None else self.rendezvous.arguments()
         return [
             sys.executable,
             "-m",
             "torch.distributed.run",
-            "--standalone",  # a free rendezvous port per world: worlds never collide
+            *where,
             f"--nproc-per-node={self.nproc}",
             "--max-restarts=0",
             f"--monitor-interval={self.monitor_interval}",
@@ -138,8 +162,12 @@ class LaunchSpec:
             "conformance.world.rankloop",
         ]
 
-    def environment(self, control: str, world_dir: Path) -> dict[str, str]:
+    def environment(self, control: str, world_dir: Path, token: str | None = None) -> dict[str, str]:
+        """``token``: the run's, where the control traffic is sealed (across machines)."""
         env = dict(os.environ)
+        # a token or node inherited from the shell must not make a one-machine world seal
+        env.pop(seal.ENV_TOKEN, None)
+        env.pop(protocol.ENV_NODE, None)
         env.update(
             {
                 protocol.ENV_CONTROL: control,
@@ -153,4 +181,8 @@ class LaunchSpec:
         )
         if self.cuda_devices is not None:
             env[MASK] = self.cuda_devices
+        if self.rendezvous is not None:
+            env[protocol.ENV_NODE] = str(self.rendezvous.node)
+        if token is not None:
+            env[seal.ENV_TOKEN] = token
         return env

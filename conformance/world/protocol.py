@@ -1,7 +1,11 @@
 """What the controller and the ranks say to each other over the control store.
 
-The controller owns a c10d ``TCPStore`` per world; every key below lives in it. Values are
-JSON so that a rank's result can be read (and logged) without unpickling foreign objects.
+The controller owns a c10d ``TCPStore`` per world; the keys down to ``RankResult`` live in
+it. Values are JSON so that a rank's result can be read (and logged) without unpickling
+foreign objects. A run across machines also has an agent store, where join agents enrol and
+are asked to start their node's part of each world (the keys after ``RankResult``); there
+every value, and every value of its worlds' stores, is sealed with the run's token
+(``conformance/world/seal.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 ENV_CONTROL = "CONFORMANCE_CONTROL"  # "host:port" of the control store
 ENV_WORLD_DIR = "CONFORMANCE_WORLD_DIR"  # per-world folder for rank logs and stack dumps
 ENV_BACKEND = "CONFORMANCE_BACKEND"  # "gloo" or "nccl", already resolved, or NO_GROUP
+ENV_NODE = "CONFORMANCE_NODE"  # across machines: the node (0: the controller's) that started this rank
 # A world whose processes join no process group at launch: its tasks make their own (a
 # simulated world's join torch's fake group as the rank each stands for).
 NO_GROUP = "none"
@@ -24,6 +29,21 @@ SHUTDOWN = "__shutdown__"
 
 def hello_key(rank: int) -> str:
     return f"hello/{rank}"
+
+
+# A counter a join agent adds to after each death or fault it reports, so that the controller
+# looks at one key per look, however many ranks the other nodes hold.
+TROUBLE = "trouble"
+
+
+def death_key(rank: int) -> str:
+    """Set by a join agent when a rank of its node dies: a ``RankResult`` of status DIED."""
+    return f"death/{rank}"
+
+
+def fault_key(node: int) -> str:
+    """Set by a join agent when its node's part of the world ends or cannot start: why."""
+    return f"fault/{node}"
 
 
 def task_key(seq: int) -> str:
@@ -86,3 +106,87 @@ class RankResult:
     @property
     def ok(self) -> bool:
         return self.status == PASSED
+
+
+# -- the agent store of a run across machines ------------------------------------------------
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port); ValueError saying what is wrong."""
+    host, colon, port = endpoint.rpartition(":")
+    host = host.strip("[]")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{endpoint!r} is not HOST:PORT with a port from 1 to 65535")
+    return host, int(port)
+
+
+BEAT_S = 0.5  # an agent adds to its heartbeat this often; the controller reads them as often
+JOINED = "join/count"  # each join agent takes a slot with add(JOINED, 1)
+
+
+def join_key(slot: int) -> str:
+    """An agent's registration (a ``Node`` with its rank unset), sealed with its token."""
+    return f"join/{slot}"
+
+
+def answer_key(slot: int) -> str:
+    """The controller's answer: the ``Node`` sealed, or a plain line starting ``REFUSED``."""
+    return f"join/{slot}/answer"
+
+
+REFUSED = "refused: "
+
+
+def beat_key(node: int) -> str:
+    """A counter each agent adds to while it lives: the controller watches it move."""
+    return f"node/{node}/beat"
+
+
+def bye_key(node: int) -> str:
+    """Set by an agent that read the request ending the run, before it exits."""
+    return f"node/{node}/bye"
+
+
+def world_key(seq: int) -> str:
+    """The controller's ``WorldRequest`` number ``seq``, which every agent answers in turn."""
+    return f"world/{seq}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One machine of the run: 0 is the controller's, the others a join agent's each."""
+
+    rank: int
+    host: str
+    pid: int  # the controller's or the agent's
+
+    def __str__(self) -> str:
+        return f"node {self.rank} ({self.host})"
+
+    def encode(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Node:
+        return cls(**json.loads(raw))
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldRequest:
+    """Start this node's part of a world: ``nproc`` ranks of torchrun, meeting the others in
+    c10d rendezvous ``rdzv_id`` on the agent store, their control store at ``control``. A
+    request with ``over`` set ends the run: the agent stops its worlds and exits."""
+
+    nproc: int = 0
+    nnodes: int = 0
+    backend: str = ""
+    control: str = ""
+    rdzv_id: str = ""
+    over: bool = False
+
+    def encode(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> WorldRequest:
+        return cls(**json.loads(raw))

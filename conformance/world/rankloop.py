@@ -25,7 +25,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from conformance.world import protocol
+from conformance.world import protocol, seal
 
 # A rank blocks in ``store.wait``: idle, it costs no CPU at all. c10d logs a warning each time
 # such a wait expires, so the wait is long and simply renewed while the world stays idle.
@@ -78,7 +78,7 @@ def _run(task: protocol.Task, rank: int) -> protocol.RankResult:
     return protocol.RankResult(rank=rank, status=protocol.PASSED, value=value, duration=time.perf_counter() - start)
 
 
-def _wait_for(store: Any, key: str) -> bool:
+def wait_for(store: Any, key: str) -> bool:
     """Block until ``key`` is set; False once the controller's store has gone."""
     import torch.distributed as dist
 
@@ -100,7 +100,7 @@ def _watch_controller(host: str, port: int) -> None:
     import torch.distributed as dist
 
     store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=60))
-    while _wait_for(store, NEVER):
+    while wait_for(store, NEVER):
         pass
     os.write(2, b"\nthe controller's control store is gone: this rank exits\n")
     os._exit(ORPHANED)
@@ -119,6 +119,8 @@ def main() -> int:
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
 
     store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60))
+    # sealed with the run's token across machines, plain on one (the launcher sets it or not)
+    channel = seal.Channel(store, seal.Seal(os.environ.get(seal.ENV_TOKEN)))
     threading.Thread(target=_watch_controller, args=(host, int(port)), name="controller-watch", daemon=True).start()
     backend = os.environ[protocol.ENV_BACKEND]
     if backend == "nccl":
@@ -127,17 +129,20 @@ def main() -> int:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if backend != protocol.NO_GROUP:
         dist.init_process_group(backend)
-    store.set(protocol.hello_key(rank), json.dumps({"pid": os.getpid()}))
+    hello: dict[str, Any] = {"pid": os.getpid()}
+    if protocol.ENV_NODE in os.environ:  # across machines: whose agent watches this rank
+        hello.update(node=int(os.environ[protocol.ENV_NODE]), log=os.path.join(world_dir, f"rank{rank}.log"))
+    channel.set(protocol.hello_key(rank), json.dumps(hello))
 
     seq = 0
     while True:
         key = protocol.task_key(seq)
-        if not _wait_for(store, key):
+        if not wait_for(store, key):
             return 1
-        task = protocol.Task.decode(store.get(key))
+        task = protocol.Task.decode(channel.get(key))
         if task.fn == protocol.SHUTDOWN:
             break
-        store.set(protocol.result_key(seq, rank), _run(task, rank).encode())
+        channel.set(protocol.result_key(seq, rank), _run(task, rank).encode())
         seq += 1
     if dist.is_initialized():
         dist.destroy_process_group()

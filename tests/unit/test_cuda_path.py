@@ -290,6 +290,8 @@ def test_the_runner_tells_the_reports_what_it_found(gpus, monkeypatch: pytest.Mo
     gpus(2, mask="0,1", error=TOO_OLD)
     given = {
         "nproc": 2,
+        "nnodes": 1,
+        "rdzv_endpoint": None,
         "xfails": DEFAULT_XFAILS,
         "profile": "ci",
         "backend": "auto",

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README_LIMIT = 15_000
 # where a backticked repository path may start (a bare file name is checked when it is one
 # of the top-level files below)
-TOP_DIRS = ("conformance", "fixtures", "transforms", "tests", "tools", "docs", ".github")
+TOP_DIRS = ("conformance", "fixtures", "transforms", "tests", "tools", "docs", ".github", "examples")
 TOP_FILES = ("README.md", "xfails.toml", "tox.ini", "pyproject.toml", "conftest.py")
 PACKAGES = ("conformance", "fixtures", "transforms", "tests")
 

@@ -32,6 +32,8 @@ ROLES = {
     # `python -m conformance.bisect`: talks to the suite as a user does (pytest's command line,
     # report.json), so it imports nothing else of the kit
     "bisect": "conformance.bisect",
+    # `python -m conformance.join`: a machine's join agent, which is the world's runner only
+    "join": "conformance.join",
     "package": "conformance",
     "fixtures": "fixtures",
     "transforms": "transforms",
@@ -50,6 +52,7 @@ ALLOWED = {
     "suite": {"matrix", "fixtures"},
     "commands": {"reports"},
     "bisect": {"bisect"},
+    "join": {"world"},
     "package": set(),
 }
 

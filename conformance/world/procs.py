@@ -1,0 +1,66 @@
+"""Processes seen from outside: whether one lives, how it ended, and the end of its log.
+
+Shared by the controller, which watches the ranks on its own machine, and by a join agent,
+which watches the ranks on its node for a controller that cannot read that node's /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+# A watcher looks in turn at results, deaths and deadlines; the pause between looks doubles
+# from 1 ms up to 50 ms, so a short task is answered at once and a long one costs twenty
+# looks a second. (Blocking in c10d's ``wait`` would need a timeout to notice deaths, and
+# c10d logs a warning at each expiry.)
+FIRST_PAUSE_S = 0.001
+LONGEST_PAUSE_S = 0.05
+LOG_TAIL_CHARS = 4000
+
+
+def pauses() -> Iterator[float]:
+    pause = FIRST_PAUSE_S
+    while True:
+        yield pause
+        pause = min(2 * pause, LONGEST_PAUSE_S)
+
+
+def process_state(pid: int) -> tuple[bool, int | None]:
+    """(alive, wait status) of a process that is not our child: /proc shows zombies' status."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except FileNotFoundError:
+        return False, None
+    except OSError:  # no /proc (macOS): a zombie counts as alive until torchrun reaps it
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False, None
+        return True, None
+    if fields[0] in ("Z", "X"):
+        return False, int(fields[49]) if len(fields) > 49 else None
+    return True, None
+
+
+def describe_exit(status: int | None) -> str:
+    if status is None:
+        return "the rank process exited (its exit status was already reaped)"
+    if status & 0x7F:
+        sig = status & 0x7F
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"the rank process was killed by signal {name}"
+    return f"the rank process exited with code {(status >> 8) & 0xFF}"
+
+
+def tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return ""
+    return data[-chars:].decode(errors="replace")
