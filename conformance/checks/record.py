@@ -114,6 +114,10 @@ class StateDictRecord:
     # full parameters gathered by the kit when original_state_dict() was taken: a scenario
     # (``resume``) may have stepped the module on since the training's last step
     gathered: Tensors = dataclasses.field(default_factory=dict)
+    # the persistent buffers handed to load_original_state_dict with the parameters: known
+    # values no module held before (drawn by the kit), and this rank's buffers after loading
+    loaded_buffers: Tensors = dataclasses.field(default_factory=dict)
+    reloaded_buffers: Tensors = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
