@@ -65,7 +65,7 @@ def drive(cell: Cell) -> CellRecord:
     setup = record_setup(parts, eager_model, tm)
     training = train(parts, eager_model, tm, rank, world)
     traces = final_traces(tm)  # before a scenario compiles a computation of its own
-    scenario = run_scenario(cell.scenario, parts, eager_model, tm, rank, world)
+    scenario = run_scenario(cell.scenario, parts, eager_model, tm, training.optimizer, rank, world)
     state_dict = round_trip_state_dict(parts, eager_model, tm)
     return CellRecord(
         cell=cell,

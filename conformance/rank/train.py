@@ -55,6 +55,9 @@ class Training:
     eager_step_peaks: list[int] = dataclasses.field(default_factory=list)
     saved: list[SavedTensor | None] | None = None  # held by the autograd node after the measured forward
     timings: dict[str, float] = dataclasses.field(default_factory=dict)  # step<i>_s -> seconds
+    # the Thunder module's optimizer of the last stage (AdamW), with its state: a scenario
+    # steps on with it (``resume`` checkpoints it)
+    optimizer: torch.optim.Optimizer | None = None
 
 
 def generator(*key: int) -> torch.Generator:
@@ -228,6 +231,7 @@ def train(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: in
     # cell made: the rank loop froze what the process held before (conformance/world/rankloop.py).
     for opt_name, optimizer in OPTIMIZERS.items():
         optimizers = lockstep.optimizers(optimizer.make)
+        training.optimizer = optimizers[0]
         for _ in range(STEPS):
             began = time.perf_counter()
             lockstep.step(step, opt_name, optimizers)

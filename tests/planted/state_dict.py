@@ -139,3 +139,28 @@ def load_original_skips_a_buffer_on_last_rank() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ThunderModule, "load_original_state_dict", load_original_state_dict)
         yield
+
+
+# Only the resume scenario reloads an optimizer; the moments come back whole, so only the
+# checkpoint's comparison of the optimizer state (and every resumed step after) can see it.
+@planted(
+    {"state_dict": Expect(RESUME, NONE, "checkpoint resumed: optimizer state after loading [")},
+    cells=(lambda c: RESUME(c) and not DDP(c), lambda c: RESUME(c) and DDP(c), lambda c: not RESUME(c)),
+)
+@contextlib.contextmanager
+def optimizer_reload_loses_a_step() -> Iterator[None]:
+    """An optimizer reloaded from its state dict restores every moment but counts one step
+    fewer (AdamW's bias correction of the next step then differs)."""
+    import torch
+
+    original = torch.optim.Optimizer.load_state_dict
+
+    def load_state_dict(self: Any, state_dict: dict[str, Any]) -> None:
+        original(self, state_dict)
+        for state in self.state.values():
+            if "step" in state:
+                state["step"] = state["step"] - 1
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.optim.Optimizer, "load_state_dict", load_state_dict)
+        yield
