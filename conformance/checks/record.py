@@ -55,6 +55,25 @@ class RankGradients:
     magnitude: Tensors
 
 
+@dataclasses.dataclass(frozen=True)
+class Apart:
+    """A replica's tensor on one rank whose bits are not rank 0's."""
+
+    rank: int
+    elements: int  # how many elements differ, bit for bit
+    largest: float  # the largest absolute difference among them (NaN where either side is)
+
+
+@dataclasses.dataclass
+class Replicas:
+    """Under DDP, after one step: per name, every rank whose replica differs from rank 0's
+    bit for bit (the same averaged gradients and the same optimizer leave them identical).
+    Every rank records every rank's, so their findings read alike."""
+
+    gradients: dict[str, list[Apart]]
+    parameters: dict[str, list[Apart]]
+
+
 @dataclasses.dataclass
 class StepRecord:
     """One training step: this rank's output, the full gradients, the parameters after it."""
@@ -80,6 +99,7 @@ class StepRecord:
     buffers: Tensors = dataclasses.field(default_factory=dict)
     eager_buffers: Tensors = dataclasses.field(default_factory=dict)
     twin_buffers: Tensors | None = None
+    replicas: Replicas | None = None  # DDP only: where the ranks' replicas came apart
 
 
 @dataclasses.dataclass
@@ -94,6 +114,10 @@ class StateDictRecord:
     # full parameters gathered by the kit when original_state_dict() was taken: a scenario
     # (``resume``) may have stepped the module on since the training's last step
     gathered: Tensors = dataclasses.field(default_factory=dict)
+    # the persistent buffers handed to load_original_state_dict with the parameters: known
+    # values no module held before (drawn by the kit), and this rank's buffers after loading
+    loaded_buffers: Tensors = dataclasses.field(default_factory=dict)
+    reloaded_buffers: Tensors = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

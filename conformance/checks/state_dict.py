@@ -1,6 +1,7 @@
 """State dicts: ``original_state_dict()`` after training holds exactly the weights the shards
 hold (gathered by the kit itself) under the eager model's keys, and
-``load_original_state_dict()`` puts exactly the loaded weights back into the shards.
+``load_original_state_dict()`` puts exactly the loaded weights back into the shards, and
+the loaded persistent buffers into every rank's module.
 
 Thunder leaves tied duplicates out of ``original_state_dict()``: every other entry must be
 there, and no entry may be one the eager model does not have. (How close those weights are
@@ -29,6 +30,14 @@ def check(run: CellRecord) -> Findings:
     on_shards = {k: v for k, v in gathered.items() if k in expected}
     _entries(found, "original_state_dict", record.original, on_shards, set(expected), set(record.eager_model))
     found.close("load_original_state_dict round trip", record.reloaded, record.loaded, rtol=0.0, atol=0.0)
+    # the persistent buffers loaded with them: known values (conformance/rank/entry.py), every rank
+    found.close(
+        "load_original_state_dict round trip: buffers",
+        record.reloaded_buffers,
+        record.loaded_buffers,
+        rtol=0.0,
+        atol=0.0,
+    )
     if run.scenario is not None:
         for resumed in run.scenario.resumed:
             judge_resumed(found, resumed, set(record.eager_model))

@@ -25,7 +25,10 @@ from conformance.rank.build import EagerModel, Recipe, Unsupported, build_eager_
 from conformance.rank.gather import clones, cpu_copies, identical, on_every_rank, rank_device
 from conformance.rank.scenarios import run_scenario
 from conformance.rank.simulate import run_simulated
-from conformance.rank.train import train
+from conformance.rank.train import generator, train
+
+# the generator key of the buffer values the state-dict round trip loads (training's are steps)
+_ROUND_TRIP_KEY = 1_000
 
 
 def run_cell(axes: dict[str, Any]) -> dict[str, Any]:
@@ -62,7 +65,7 @@ def drive(cell: Cell) -> CellRecord:
     setup = record_setup(parts, eager_model, tm)
     training = train(parts, eager_model, tm, rank, world)
     traces = final_traces(tm)  # before a scenario compiles a computation of its own
-    scenario = run_scenario(cell.scenario, parts, eager_model, tm, rank, world)
+    scenario = run_scenario(cell.scenario, parts, eager_model, tm, training.optimizer, rank, world)
     state_dict = round_trip_state_dict(parts, eager_model, tm)
     return CellRecord(
         cell=cell,
@@ -125,7 +128,9 @@ def round_trip_state_dict(parts: Recipe, eager_model: EagerModel, tm: Any) -> St
     gathered = eager_model.gather(tm)
     buffers = cpu_copies(tm.named_buffers())
     loaded = {n: t.to(parts.device) for n, t in eager_model.initial.items()}
-    tm.load_original_state_dict({**clones(eager_model.module.state_dict()), **loaded})
+    every_name = {n for n, _ in eager_model.module.named_parameters(remove_duplicate=False)}  # a tie's too
+    known = _known_buffers(eager_model.module.state_dict(), every_name, parts.device)
+    tm.load_original_state_dict({**clones(eager_model.module.state_dict()), **known, **loaded})
     return StateDictRecord(
         original=original,
         buffers=buffers,
@@ -133,4 +138,28 @@ def round_trip_state_dict(parts: Recipe, eager_model: EagerModel, tm: Any) -> St
         loaded={n: t.cpu() for n, t in loaded.items()},
         reloaded=eager_model.gather(tm),
         gathered=gathered,
+        loaded_buffers=cpu_copies(known.items()),
+        reloaded_buffers={n: b for n, b in cpu_copies(tm.named_buffers()).items() if n in known},
     )
+
+
+def _known_buffers(
+    state: dict[str, torch.Tensor], parameters: set[str], device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Values for the persistent buffers of the eager state dict (its entries that are no
+    parameter) that neither module holds, so that a buffer left as it was cannot pass for
+    loaded: drawn from the kit's seed, the same on every rank; floats in [0.5, 1.5) (a
+    running variance stays one), integers in [1000, 2000)."""
+    gen = generator(_ROUND_TRIP_KEY)
+    known = {}
+    for name, t in state.items():
+        if name in parameters or not isinstance(t, torch.Tensor):
+            continue
+        if t.is_floating_point():
+            value = torch.rand(t.shape, generator=gen).to(t.dtype) + 0.5
+        elif t.dtype == torch.bool:
+            value = torch.rand(t.shape, generator=gen) < 0.5
+        else:
+            value = torch.randint(1000, 2000, t.shape, generator=gen).to(t.dtype)
+        known[name] = value.to(device)
+    return known

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from conformance.checks.record import Apart
 from fixtures import patterns
 
 
@@ -148,3 +149,34 @@ def identical(a: torch.Tensor, b: torch.Tensor | None) -> bool:
 def clones(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Detached copies on the tensors' own devices."""
     return {k: v.detach().clone() for k, v in sd.items()}
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # element size -> integer dtype
+
+
+def _apart(mine: torch.Tensor, rank0s: torch.Tensor | None) -> tuple[int, float] | None:
+    """How many elements of ``mine`` differ from rank 0's bit for bit, and by how much at
+    most; None where none does. Bits, not values: a NaN equals itself, -0.0 is not 0.0."""
+    if rank0s is None or mine.shape != rank0s.shape or mine.dtype != rank0s.dtype:
+        return mine.numel(), float("nan")
+    as_int = _BITS[mine.element_size()]
+    differ = mine.reshape(-1).view(as_int) != rank0s.reshape(-1).view(as_int)
+    count = int(differ.sum().item())
+    if not count:
+        return None
+    gap = (mine.reshape(-1)[differ].double() - rank0s.reshape(-1)[differ].double()).abs()
+    return count, float("nan") if gap.isnan().any() else gap.max().item()
+
+
+def apart_from_rank0(named: dict[str, torch.Tensor]) -> dict[str, list[Apart]]:
+    """Per name, every rank whose tensor (a replica's, CPU) differs from rank 0's bit for bit;
+    a name no rank differs on is left out. Rank 0's tensors are broadcast once, each rank
+    compares its own, and every rank learns every rank's answer."""
+    theirs: list[Any] = [dict(named) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(theirs, src=0)
+    mine = {n: _apart(t, theirs[0].get(n)) for n, t in named.items()}
+    apart: dict[str, list[Apart]] = {}
+    for rank, found in enumerate(on_every_rank({n: a for n, a in mine.items() if a is not None})):
+        for name, (elements, largest) in found.items():
+            apart.setdefault(name, []).append(Apart(rank, elements, largest))
+    return apart

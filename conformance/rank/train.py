@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from conformance.checks.record import MEASURED_STEP, ParametersAfter, SavedTensor, StepRecord
+from conformance.checks.record import MEASURED_STEP, ParametersAfter, Replicas, SavedTensor, StepRecord
 from conformance.checks.storages import distinct_storages
 from conformance.rank.buffers import PerRank
 from conformance.rank.build import SEED, EagerModel, Recipe
@@ -33,7 +33,7 @@ from conformance.rank.eager import (
     mean_loss,
     rank_gradients,
 )
-from conformance.rank.gather import cpu_copies, snapshot
+from conformance.rank.gather import apart_from_rank0, cpu_copies, snapshot
 from conformance.rank.measure import Ledger, measure
 from fixtures import patterns
 from fixtures.optimizers import OPTIMIZERS
@@ -55,6 +55,9 @@ class Training:
     eager_step_peaks: list[int] = dataclasses.field(default_factory=list)
     saved: list[SavedTensor | None] | None = None  # held by the autograd node after the measured forward
     timings: dict[str, float] = dataclasses.field(default_factory=dict)  # step<i>_s -> seconds
+    # the Thunder module's optimizer of the last stage (AdamW), with its state: a scenario
+    # steps on with it (``resume`` checkpoints it)
+    optimizer: torch.optim.Optimizer | None = None
 
 
 def generator(*key: int) -> torch.Generator:
@@ -183,6 +186,11 @@ class _Lockstep:
         if self.twin_buffers is not None:
             self.twin_buffers.hold(rank)
         self.weights = self.eager_model.gather(tm)
+        # under DDP every rank steps its own whole replica: the same averaged gradients and the
+        # same optimizer must leave them identical, bit for bit
+        replicas = None
+        if self.eager_model.replicated:
+            replicas = Replicas(apart_from_rank0(grads), apart_from_rank0(self.weights))
         training.steps.append(
             StepRecord(
                 optimizer=optimizer,
@@ -203,6 +211,7 @@ class _Lockstep:
                 buffers=cpu_copies(tm.named_buffers()),
                 eager_buffers=cpu_copies(eager_model.named_buffers()),
                 twin_buffers=None if twin is None else cpu_copies(twin.named_buffers()),
+                replicas=replicas,
             )
         )
         if measured:
@@ -222,6 +231,7 @@ def train(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: in
     # cell made: the rank loop froze what the process held before (conformance/world/rankloop.py).
     for opt_name, optimizer in OPTIMIZERS.items():
         optimizers = lockstep.optimizers(optimizer.make)
+        training.optimizer = optimizers[0]
         for _ in range(STEPS):
             began = time.perf_counter()
             lockstep.step(step, opt_name, optimizers)

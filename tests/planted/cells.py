@@ -3,11 +3,13 @@ that a prediction holds for any profile."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import expects_reset_error
 from fixtures.inits import INITS
+from fixtures.models import fixture_for
 
 Pred = Callable[[Cell], bool]
 ALL: Pred = lambda cell: True  # noqa: E731
@@ -35,3 +37,20 @@ FSDP: Pred = lambda cell: not DDP(cell)  # noqa: E731
 # FSDP materialized from the state dict the kit shards: Thunder loads it with load_state_dict
 TRANSFORMED_SD: Pred = lambda cell: cell.init == "meta_transformed_sd" and not DDP(cell)  # noqa: E731
 FROZEN_JIT_FSDP: Pred = lambda cell: FROZEN(cell) and cell.composition == "jit_fsdp"  # noqa: E731
+
+
+@functools.cache
+def _has_persistent_buffers(model: str, spec: str | None, tie: str) -> bool:
+    """Whether the model's state dict holds an entry that is no parameter (a tie's duplicate
+    names one): built on the meta device, no values drawn."""
+    import torch
+
+    with torch.device("meta"):
+        module = fixture_for(model, spec).build(tie == "tied")
+    parameters = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+    return any(name not in parameters for name in module.state_dict())
+
+
+def PERSISTENT_BUFFERS(cell: Cell) -> bool:
+    """The cell's model has persistent buffers (in its state dict; a rotary cache is not)."""
+    return _has_persistent_buffers(cell.model, cell.spec, cell.tie)

@@ -1,4 +1,5 @@
-"""Bugs in what DDP's transform does while it sets the replicas up."""
+"""Bugs in what DDP's transform does: while it sets the replicas up, and in the gradients
+its all-reduce hands them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 
 from conformance.checks.registry import AREAS
-from tests.planted.cells import DDP, FSDP, NONE
+from tests.planted.cells import BF16, DDP, FSDP, NONE
+from tests.planted.patching import thunder_steps
 from tests.planted.record import Expect, planted
 
 
@@ -35,4 +37,54 @@ def ddp_broadcast_from_missing_rank() -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(DDPTransform, "transform_module", transform_module)
+        yield
+
+
+# One ulp of one gradient element on one rank: every comparison with eager passes (1e-5 in
+# float32), only the replicas' bitwise identity sees it. FSDP all-reduces no gradient.
+@planted(
+    {"numerics": Expect(DDP, NONE, "replicas at step 2 (SGD): gradients differ from rank 0's bit for bit")},
+    cells=(lambda c: DDP(c) and not BF16(c), lambda c: c.composition == "jit_ddp", lambda c: DDP(c) and BF16(c), FSDP),
+)
+@contextlib.contextmanager
+def ddp_gradient_one_ulp_on_last_rank() -> Iterator[None]:
+    """At step 2, on the last rank only, the first gradient bucket DDP all-reduces comes out
+    with its largest element one ulp further from zero (``torch.nextafter``): that rank's
+    replica drifts from the others by one ulp."""
+    import torch
+    import torch.distributed as dist
+
+    original, done = dist.all_reduce, [False]
+
+    def nudge(out: torch.Tensor) -> None:
+        flat = out.view(-1)
+        i = flat.abs().argmax()
+        away = torch.tensor(float("-inf") if flat[i] < 0 else float("inf"), dtype=flat.dtype)
+        flat[i] = torch.nextafter(flat[i], away)
+        done[0] = True
+
+    class Nudged:
+        """The collective's work, nudging the output once waited for (gloo writes it then)."""
+
+        def __init__(self, work: Any, output: torch.Tensor) -> None:
+            self.work, self.output = work, output
+
+        def wait(self, *args: Any, **kwargs: Any) -> Any:
+            result = self.work.wait(*args, **kwargs)
+            if not done[0]:
+                nudge(self.output)
+            return result
+
+    def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        work = original(tensor, *args, **kwargs)
+        # step 2's backward (its forward is the third); the kit's own all-reduces count integers
+        if done[0] or begun[0] != 3 or not tensor.is_floating_point() or dist.get_rank() != dist.get_world_size() - 1:
+            return work
+        if work is None:
+            nudge(tensor)
+            return None
+        return Nudged(work, tensor)
+
+    with thunder_steps() as begun, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dist, "all_reduce", all_reduce)
         yield

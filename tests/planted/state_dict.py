@@ -1,5 +1,5 @@
-"""Bugs of the state dicts: original_state_dict() after training, and a checkpoint loaded
-through load_state_dict (FSDP's sharded one, DDP's whole one)."""
+"""Bugs of the state dicts: original_state_dict() after training, load_original_state_dict(),
+and a checkpoint loaded through load_state_dict (FSDP's sharded one, DDP's whole one)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.planted.cells import ACCUMULATE, ALL, BUFFERED, DDP, NONE, RESUME, TRANSFORMED_SD
+from fixtures.inits import INITS
+from tests.planted.cells import ACCUMULATE, ALL, BUFFERED, DDP, NONE, PERSISTENT_BUFFERS, RESUME, TRANSFORMED_SD
 from tests.planted.record import Expect, planted
 
 
@@ -96,4 +97,70 @@ def load_loses_last_rank() -> Iterator[None]:
         return {} if dist.get_rank() == dist.get_world_size() - 1 else sd
 
     with _load_state_dict(change):
+        yield
+
+
+# Every cell whose model has persistent buffers: the round trip loads known values into them.
+# An init that materializes through load_original_state_dict (the original state dict handed
+# over, or loaded after module init) starts that rank from an unloaded buffer too.
+_LOADS_ORIGINAL = lambda c: PERSISTENT_BUFFERS(c) and (  # noqa: E731
+    INITS[c.init].state_dict == "original" or INITS[c.init].load_after
+)
+
+
+@planted(
+    {
+        "state_dict": Expect(PERSISTENT_BUFFERS, NONE, "load_original_state_dict round trip: buffers ["),
+        "materialization": Expect(NONE, _LOADS_ORIGINAL),
+        "numerics": Expect(NONE, _LOADS_ORIGINAL),
+    },
+    cells=(
+        lambda c: PERSISTENT_BUFFERS(c) and not DDP(c),
+        lambda c: PERSISTENT_BUFFERS(c) and DDP(c),
+        lambda c: not PERSISTENT_BUFFERS(c),
+    ),
+)
+@contextlib.contextmanager
+def load_original_skips_a_buffer_on_last_rank() -> Iterator[None]:
+    """``load_original_state_dict`` on the last rank loads the parameters and every buffer but
+    the first persistent one it is handed, which keeps the value it had: one buffer, one rank."""
+    import torch.distributed as dist
+    from thunder.core.module import ThunderModule
+
+    original = ThunderModule.load_original_state_dict
+
+    def load_original_state_dict(self: Any, state_dict: dict[str, Any]) -> Any:
+        if dist.get_rank() == dist.get_world_size() - 1:
+            buffers = dict(self.named_buffers())
+            first = next((k for k in state_dict if k in buffers), None)
+            state_dict = {k: v for k, v in state_dict.items() if k != first}
+        return original(self, state_dict)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ThunderModule, "load_original_state_dict", load_original_state_dict)
+        yield
+
+
+# Only the resume scenario reloads an optimizer; the moments come back whole, so only the
+# checkpoint's comparison of the optimizer state (and every resumed step after) can see it.
+@planted(
+    {"state_dict": Expect(RESUME, NONE, "checkpoint resumed: optimizer state after loading [")},
+    cells=(lambda c: RESUME(c) and not DDP(c), lambda c: RESUME(c) and DDP(c), lambda c: not RESUME(c)),
+)
+@contextlib.contextmanager
+def optimizer_reload_loses_a_step() -> Iterator[None]:
+    """An optimizer reloaded from its state dict restores every moment but counts one step
+    fewer (AdamW's bias correction of the next step then differs)."""
+    import torch
+
+    original = torch.optim.Optimizer.load_state_dict
+
+    def load_state_dict(self: Any, state_dict: dict[str, Any]) -> None:
+        original(self, state_dict)
+        for state in self.state.values():
+            if "step" in state:
+                state["step"] = state["step"] - 1
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.optim.Optimizer, "load_state_dict", load_state_dict)
         yield

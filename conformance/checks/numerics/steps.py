@@ -8,6 +8,7 @@ import torch
 from conformance.checks.findings import Findings
 from conformance.checks.numerics.dropout import judge_dropout
 from conformance.checks.numerics.propagation import judge_update, propagated_per_parameter
+from conformance.checks.numerics.replicas import judge_replicas
 from conformance.checks.numerics.scale import judge_gradient_scale, scale_constants
 from conformance.checks.numerics.scenarios import judge_scenario
 from conformance.checks.numerics.tolerances import Local, Tensors, compare, drift_effect, named_output
@@ -29,7 +30,8 @@ def check(run: CellRecord) -> Findings:
     drift: dict[str, torch.Tensor] = {}
     constants = scale_constants(run.cell)
     # each rank's rows where they are its shard (FSDP's), not where every rank holds all
-    shards = 1 if COMPOSITIONS[run.cell.composition].replicated else run.cell.world_size
+    replicated = COMPOSITIONS[run.cell.composition].replicated
+    shards = 1 if replicated else run.cell.world_size
     for k, step in enumerate(run.steps):
         stage = [*stage, step] if stage and stage[-1].optimizer == step.optimizer else [step]
         if low:
@@ -74,6 +76,8 @@ def check(run: CellRecord) -> Findings:
                 found, what, step.grads, step.local_at_thunder.mean, run.dtype, constants, shards
             ):
                 failed.add("gradient scale")
+        if replicated:  # DDP: every rank's whole replica must stay rank 0's, bit for bit
+            judge_replicas(found, k, step, failed)
         before = step.after
 
     fixture = MODELS.get(run.cell.model)

@@ -1,9 +1,10 @@
 """What a cell does after training, one file per scenario behind one protocol: the
-``scenario`` axis value names a function ``(recipe, eager_model, thunder_module, rank, world)
--> ScenarioRecord`` here. Every scenario runs after the training steps (their findings
-stand whatever the scenario does) and compares against eager PyTorch holding the Thunder
-module's own weights (``beside.py``); what Thunder raises becomes the record's ``error``, a
-finding, never the end of the cell.
+``scenario`` axis value names a function ``(recipe, eager_model, thunder_module, optimizer,
+rank, world) -> ScenarioRecord`` here, ``optimizer`` the Thunder module's as training left it
+(AdamW, with its state: ``resume`` checkpoints it; the others leave it be). Every scenario
+runs after the training steps (their findings stand whatever the scenario does) and
+compares against eager PyTorch holding the Thunder module's own weights (``beside.py``);
+what Thunder raises becomes the record's ``error``, a finding, never the end of the cell.
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ from conformance.rank.scenarios.infer import infer
 from conformance.rank.scenarios.reshape import reshape
 from conformance.rank.scenarios.resume import resume
 
-Scenario = Callable[[Recipe, EagerModel, Any, int, int], ScenarioRecord]
+Scenario = Callable[[Recipe, EagerModel, Any, Any, int, int], ScenarioRecord]
 
 # every value of the axis but ``train`` (training alone: no scenario after it)
 SCENARIOS: dict[str, Scenario] = {"infer": infer, "accumulate": accumulate, "reshape": reshape, "resume": resume}
 
 
 def run_scenario(
-    name: str, recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: int
+    name: str, recipe: Recipe, eager_model: EagerModel, tm: Any, optimizer: Any, rank: int, world: int
 ) -> ScenarioRecord | None:
     """The record of scenario ``name`` after training, None for training alone."""
     scenario = SCENARIOS.get(name)
-    return None if scenario is None else scenario(recipe, eager_model, tm, rank, world)
+    return None if scenario is None else scenario(recipe, eager_model, tm, optimizer, rank, world)

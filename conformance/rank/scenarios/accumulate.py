@@ -23,7 +23,9 @@ from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batc
 from fixtures.options import MICRO_STEPS
 
 
-def accumulate(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: int) -> ScenarioRecord:
+def accumulate(
+    recipe: Recipe, eager_model: EagerModel, tm: Any, optimizer: Any, rank: int, world: int
+) -> ScenarioRecord:
     eager = Eager.beside(recipe, eager_model, tm)
     batches = [
         Batch.draw(recipe.fixture.make_input, recipe, eager.module, AFTER_TRAINING + i, world)

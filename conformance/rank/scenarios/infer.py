@@ -18,7 +18,9 @@ from conformance.rank.scenarios.beside import AFTER_TRAINING, Eager
 from conformance.rank.train import generator
 
 
-def infer(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: int) -> ScenarioRecord:
+def infer(
+    recipe: Recipe, eager_model: EagerModel, tm: Any, optimizer: Any, rank: int, world: int
+) -> ScenarioRecord:
     """Run and record the no_grad forward, and the trace Thunder compiled for it (read right
     after the call: ``thunder.last_traces`` names the last computation that ran)."""
     import thunder

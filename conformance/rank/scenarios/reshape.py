@@ -16,7 +16,9 @@ from conformance.rank.eager import loss, rank_gradients
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients
 
 
-def reshape(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: int) -> ScenarioRecord:
+def reshape(
+    recipe: Recipe, eager_model: EagerModel, tm: Any, optimizer: Any, rank: int, world: int
+) -> ScenarioRecord:
     eager = Eager.beside(recipe, eager_model, tm)
     batch = Batch.draw(recipe.fixture.second_input, recipe, eager.module, AFTER_TRAINING, world)
     try:

@@ -5,11 +5,16 @@ Each kind of checkpoint Thunder offers is one round trip: the full state dict (e
 every parameter whole: ``thunder.distributed.checkpoint`` with ``full_state_dict=True``, saved
 with its ``save`` and read back with its ``load``) and, where parameters are sharded, the
 sharded one (each rank its own shards). What the checkpoint holds is compared with the kit's
-own gathering at the same moment; the fresh module gets its optimizer before the checkpoint
-is loaded (as a training script builds both, then restores), and then both modules take
-``RESUME_STEPS`` AdamW steps from fresh optimizers on the same batches: their weights after
-loading, and every step's outputs, gradients, weights and buffers, must be equal exactly
-(the same program on the same values: on one device nothing may differ).
+own gathering at the same moment. The optimizer's state is checkpointed beside it: the
+Thunder module's AdamW as training left it (its moments and step count), through
+``optimizer.state_dict()``, one file per rank (under FSDP the moments are this rank's
+shards; Thunder's checkpoint module offers no optimizer API). The fresh module gets its
+optimizer before either is loaded (as a training script builds both, then restores); its
+state after loading must be the uninterrupted optimizer's, and then both modules take
+``RESUME_STEPS`` AdamW steps on the same batches, the uninterrupted one with training's own
+optimizer: their weights after loading, and every step's outputs, gradients, weights and
+buffers, must be equal exactly (the same program on the same values: on one device nothing
+may differ).
 
 Where ``thunder.distributed.checkpoint`` cannot take the checkpoint (its FSDP path builds a
 CUDA device mesh), the error is recorded and the Thunder module's own state dict methods it
@@ -41,12 +46,16 @@ RESUME_STEPS = 2  # the second AdamW step reads the optimizer state the first on
 Tensors = dict[str, torch.Tensor]
 
 
-def resume(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: int) -> ScenarioRecord:
+def resume(
+    recipe: Recipe, eager_model: EagerModel, tm: Any, optimizer: Any, rank: int, world: int
+) -> ScenarioRecord:
     # DDP holds whole parameters: Thunder refuses a sharded checkpoint of it, by design
     kinds = ("full",) if eager_model.replicated else ("full", "sharded")
     directory = _shared_directory()
     try:
-        resumed = [_round_trip(kind, recipe, eager_model, tm, rank, world, directory / kind) for kind in kinds]
+        resumed = [
+            _round_trip(kind, recipe, eager_model, tm, optimizer, rank, world, directory / kind) for kind in kinds
+        ]
     finally:
         dist.barrier()
         if rank == 0:
@@ -55,7 +64,7 @@ def resume(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: i
 
 
 def _round_trip(
-    kind: str, recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: int, path: Path
+    kind: str, recipe: Recipe, eager_model: EagerModel, tm: Any, optimizer: Any, rank: int, world: int, path: Path
 ) -> Resumed:
     from thunder.distributed.checkpoint import StateDictOptions, load_model_state_dict
 
@@ -75,15 +84,19 @@ def _round_trip(
     unlike = _unlike_on_ranks(tm) if full else set()
     try:
         fresh = compose(recipe, eager_model).thunder_module
-        # the fresh module's optimizer first: loading must write the parameters it steps
-        optimizers = [OPTIMIZERS["AdamW"].make(_trainable(m)) for m in (fresh, tm)]
+        # the fresh module's optimizer first, made as training makes it: loading must write
+        # the parameters it steps, and its state must line up with the checkpoint's
+        optimizers = [OPTIMIZERS["AdamW"].make(fresh.parameters()), optimizer]
         template = _clones(_take(fresh, options, rank)[0])
         per_rank = kind == "sharded" and not _has_dtensors(taken)
         _save(taken, path, rank, per_rank)
         _load(template, path, rank, per_rank)
         load_model_state_dict(template, fresh, options, rank)
+        optimizers[0].load_state_dict(_optimizer_round_trip(optimizer, path, rank))
         loaded = {n: t.cpu() for n, t in template.items() if n in unlike}
         record.compared += _moment("after loading", eager_model, fresh, tm, loaded=loaded)
+        states = (_optimizer_state(o, m) for o, m in zip(optimizers, (fresh, tm), strict=True))
+        record.compared.append(Compared("optimizer state after loading", *states))
         model = copy.deepcopy(eager_model.module)  # for the cotangents' shapes: its buffers are its own
         for k in range(RESUME_STEPS):
             batch = Batch.draw(recipe.fixture.make_input, recipe, model, AFTER_TRAINING + k, world)
@@ -129,8 +142,23 @@ def _truth(kind: str, eager_model: EagerModel, tm: Any, rank: int, world: int) -
     return {**buffers, **params}
 
 
-def _trainable(tm: Any) -> list[torch.Tensor]:
-    return [p for p in tm.parameters() if p.requires_grad]
+def _optimizer_round_trip(optimizer: Any, path: Path, rank: int) -> dict[str, Any]:
+    """``optimizer.state_dict()`` saved to this rank's own file and read back."""
+    file = path.parent / f"{path.name}-optimizer" / f"rank{rank}.pt"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(optimizer.state_dict(), file)
+    return torch.load(file, weights_only=True)
+
+
+def _optimizer_state(optimizer: Any, module: Any) -> Tensors:
+    """CPU copies of an optimizer's state, "<parameter> <key>" (e.g. "fc1.weight exp_avg_sq",
+    "fc1.weight step") by the module's names for the parameters it steps."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    state = {}
+    for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"]):
+        for key, value in optimizer.state.get(p, {}).items():
+            state[f"{names.get(id(p), f'parameter {i}')} {key}"] = torch.as_tensor(value).detach().cpu().clone()
+    return state
 
 
 def _clones(state: dict[str, Any]) -> dict[str, Any]:
