@@ -1,13 +1,14 @@
-"""One process that runs the conformance suite many times (``pytest.main``) on one pool of
-worlds, for the kit's own tests: a planted bug's run then costs its cells, not a Python and
-pytest start, a world start and a cold Thunder in every rank.
+"""One process that runs the conformance suite many times (``pytest.main``) for the kit's own
+tests: a run then costs its worlds and cells, not a Python and pytest start.
 
 Requests come on stdin, one JSON object a line: ``{"args": [...], "env": {...}, "output": PATH}``.
 For each, the suite runs with ``env`` added to the environment and its terminal output
-written to PATH; then one line ``{"returncode": N}`` goes to the original stdout. Planted bugs
-and kit faults are entered per task inside the ranks, so nothing of one run stays in a world
-for the next; a run that leaves a world unfit (a failed task) has it killed and restarted, as
-in any session.
+written to PATH; then one line ``{"returncode": N}`` goes to the original stdout.
+
+Clean runs share one pool of worlds, as the cells of one session do. A run with a planted
+bug or a kit fault closes its worlds when it ends: a patch is undone when its task ends, but
+what the bug did to Thunder's state in a rank (a flag ``no_sync`` never reset) stays in that
+process, and in a shared world it failed the next bug's cells (five of them, once).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import pytest
 
 from conformance.frontend.runner import RUNNER
 from conformance.world.controller import World
+from tests.support.plant_plugin import ENV as PLANTED_ENV
+from tests.support.plant_plugin import KIT_FAULT_ENV
 
 
 class SharedWorlds:
@@ -38,6 +41,7 @@ class SharedWorlds:
     def close(self) -> None:
         for world in self.pool.values():
             world.close()
+        self.pool.clear()
 
 
 def serve() -> None:
@@ -67,6 +71,8 @@ def serve() -> None:
                         os.environ.pop(k, None)
                     else:
                         os.environ[k] = v
+            if PLANTED_ENV in added or KIT_FAULT_ENV in added:
+                shared.close()
             replies.write(json.dumps({"returncode": int(code)}) + "\n")
     finally:
         shared.close()
