@@ -39,8 +39,12 @@ class TimeShare:
         return sum(c.thunder_s for c in self.cells)
 
     @property
+    def kit_s(self) -> float:
+        return sum(c.kit_s for c in self.cells)
+
+    @property
     def kit_share(self) -> float | None:
-        return None if not self.run_s else sum(c.kit_s for c in self.cells) / self.run_s
+        return None if not self.run_s else self.kit_s / self.run_s
 
     def to_json(self) -> dict[str, Any]:
         heaviest = sorted(self.cells, key=lambda c: c.kit_s, reverse=True)[:HEAVIEST]
@@ -48,7 +52,7 @@ class TimeShare:
             "cells": len(self.cells),
             "cell_run_s": self.run_s,
             "thunder_s": self.thunder_s,
-            "kit_s": self.run_s - self.thunder_s,
+            "kit_s": self.kit_s,
             "kit_share": self.kit_share,
             # where the kit's own time goes first: the cells that cost it the most
             "heaviest": [{"cell": c.cell, "cell_run_s": c.run_s, "kit_s": c.kit_s} for c in heaviest],
