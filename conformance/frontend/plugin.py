@@ -82,6 +82,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="worlds kept waiting while another runs (default 1; each holds its ranks' memory): beyond N the "
         "least recently used is closed, and without xdist a world no remaining item needs is closed at once",
     )
+    group.addoption(
+        "--rank-start",
+        choices=("fork", "fresh"),
+        default="fork",
+        help="fork: ranks of gloo and simulated worlds are forked from one process that imported torch and "
+        "Thunder once (default); fresh: every rank is a new Python process, as nccl worlds always are",
+    )
     group.addoption("--report-dir", type=Path, default=None, help="write report.json, report.jsonl, summary.md here")
     group.addoption(
         "--profile",

@@ -21,10 +21,17 @@ from conformance.world import launch, protocol, seal
 from conformance.world.controller import Outcome, World
 from conformance.world.launch import ROOT, LaunchSpec
 from conformance.world.nodes import Nodes
+from conformance.world.zygote import Zygote
 
 RUN_CELL = "conformance.rank.entry:run_cell"  # named, never imported: the ranks import it
 PROBE = "conformance.rank.probe:probe_compositions"  # composition -> why unsupported, or None
 DEFAULT_XFAILS = ROOT / "xfails.toml"
+
+
+def new_zygote() -> Zygote:
+    """A zygote (started on first use) that has imported what a rank needs for a cell."""
+    preload = [RUN_CELL.partition(":")[0], "conformance.world.rankloop", "torch.distributed.run"]
+    return Zygote(preload, launch.rank_environment(), ROOT)
 
 
 class Runner:
@@ -84,6 +91,12 @@ class Runner:
         self._retired: list[World] = []  # told to stop, reaped at the end
         self._pooled = False  # the worlds belong to a pool that outlives this session
         self.outcomes: dict[str, Outcome] = {}
+        # Ranks forked from a warm process skip importing torch and Thunder. Not under nccl: a
+        # fork must precede any CUDA initialisation, which the kit has not verified of
+        # Thunder's imports; nor across machines, whose agents start their own ranks.
+        forks = config.getoption("rank_start") == "fork" and self.nodes is None
+        self.zygote: Zygote | None = new_zygote() if forks else None
+        self._owns_zygote = True
         # what a rank is asked to do for a cell; the kit's own tests swap in planted bugs
         self.cell_task: Callable[[Cell], protocol.Task] = lambda cell: protocol.Task(RUN_CELL, {"axes": cell.axes()})
 
@@ -142,13 +155,14 @@ class Runner:
         processes that each act as a sampled rank of a cell's world under the fake backend."""
         self.lifetimes.used((size, simulated))
         if (size, simulated) not in self.worlds:
+            backend = protocol.NO_GROUP if simulated else self.session.backend
+            zygote = self.zygote.path if self.zygote is not None and backend != "nccl" else None
             if simulated:
-                spec = LaunchSpec(nproc=size, backend=protocol.NO_GROUP)
+                spec = LaunchSpec(nproc=size, backend=backend, zygote=zygote)
             else:
-                backend = self.session.backend
                 per_node = size // (self.nodes.nnodes if self.nodes else 1)
                 devices = launch.device_slice(backend, per_node, self.place.slot, self.place.workers)
-                spec = LaunchSpec(nproc=per_node, backend=backend, cuda_devices=devices)
+                spec = LaunchSpec(nproc=per_node, backend=backend, cuda_devices=devices, zygote=zygote)
             nodes = None if simulated else self.nodes  # a simulated world's processes stay on this machine
             self.worlds[size, simulated] = World(spec, base_dir=self.base_dir, nodes=nodes)
         return self.worlds[size, simulated]
@@ -203,12 +217,15 @@ class Runner:
         world.retire()
         self._retired.append(world)
 
-    def share_worlds(self, pool: dict[WorldKey, World]) -> None:
+    def share_worlds(self, pool: dict[WorldKey, World], zygote: Zygote | None = None) -> None:
         """Run on ``pool``'s worlds (adding to it) and leave them open at the end: the kit's own
         tests run many sessions in one process (tests/support/suite_driver.py), and a world
-        start and a cold Thunder cost more than most of their cells."""
+        start and a cold Thunder cost more than most of their cells. ``zygote``, where given,
+        forks the ranks of the worlds this session starts, and outlives it too."""
         self.worlds = pool
         self._pooled = True
+        if zygote is not None and self.zygote is not None:
+            self.zygote, self._owns_zygote = zygote, False
         self.lifetimes.foresight = False  # the next session may need any of them
 
     def close(self) -> None:
@@ -216,6 +233,8 @@ class Runner:
             world.close()
         if self.nodes is not None:
             self.nodes.close()
+        if self.zygote is not None and self._owns_zygote:
+            self.zygote.close()
 
 
 RUNNER = pytest.StashKey[Runner]()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.world import protocol, seal
+from conformance.world.zygote import ENV_ZYGOTE
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: ranks import the kit from here
 MASK = "CUDA_VISIBLE_DEVICES"
@@ -137,6 +138,25 @@ class Rendezvous:
         ]
 
 
+def rank_environment() -> dict[str, str]:
+    """What every rank's environment holds before its world's own variables: this process's,
+    with the kit importable. A zygote is started with it too."""
+    env = dict(os.environ)
+    # a token or node inherited from the shell must not make a one-machine world seal
+    env.pop(seal.ENV_TOKEN, None)
+    env.pop(protocol.ENV_NODE, None)
+    env.pop(ENV_ZYGOTE, None)
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+            "PYTHONUNBUFFERED": "1",
+            # torchrun prints a banner about this when it sets it itself
+            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+        }
+    )
+    return env
+
+
 @dataclasses.dataclass(frozen=True)
 class LaunchSpec:
     nproc: int  # ranks on each node: the world has nproc * nnodes
@@ -146,39 +166,37 @@ class LaunchSpec:
     # their stacks first, so torchrun looks less often than the controller does.
     monitor_interval: float = 2.0
     rendezvous: Rendezvous | None = None  # None: one machine, a standalone torchrun
+    zygote: str | None = None  # the socket of a zygote that forks the ranks (zygote.py), or None: fresh ranks
 
     def command(self) -> list[str]:
         # --standalone: a free rendezvous port per world, so that worlds never collide
         where = ["--standalone"] if self.rendezvous is None else self.rendezvous.arguments()
+        if self.zygote is None:
+            torchrun, rank = [sys.executable, "-m", "torch.distributed.run"], ["-m", "conformance.world.rankloop"]
+        else:  # each forked from the zygote: a stub (forked.py) stands in for it
+            torchrun = [sys.executable, "-m", "conformance.world.forked", "torch.distributed.run"]
+            rank = ["-m", "conformance.world.forked", "conformance.world.rankloop"]
         return [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
+            *torchrun,
             *where,
             f"--nproc-per-node={self.nproc}",
             "--max-restarts=0",
             f"--monitor-interval={self.monitor_interval}",
-            "-m",
-            "conformance.world.rankloop",
+            *rank,
         ]
 
     def environment(self, control: str, world_dir: Path, token: str | None = None) -> dict[str, str]:
         """``token``: the run's, where the control traffic is sealed (across machines)."""
-        env = dict(os.environ)
-        # a token or node inherited from the shell must not make a one-machine world seal
-        env.pop(seal.ENV_TOKEN, None)
-        env.pop(protocol.ENV_NODE, None)
+        env = rank_environment()
         env.update(
             {
                 protocol.ENV_CONTROL: control,
                 protocol.ENV_WORLD_DIR: str(world_dir),
                 protocol.ENV_BACKEND: self.backend,
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
-                "PYTHONUNBUFFERED": "1",
-                # torchrun prints a banner about this when it sets it itself
-                "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
             }
         )
+        if self.zygote is not None:
+            env[ENV_ZYGOTE] = self.zygote
         if self.cuda_devices is not None:
             env[MASK] = self.cuda_devices
         if self.rendezvous is not None:

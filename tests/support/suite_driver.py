@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conformance.frontend.runner import RUNNER
+from conformance.frontend.runner import RUNNER, new_zygote
 from conformance.world.controller import World
 from tests.support.plant_plugin import ENV as PLANTED_ENV
 from tests.support.plant_plugin import KIT_FAULT_ENV
@@ -31,12 +31,15 @@ class SharedWorlds:
 
     def __init__(self) -> None:
         self.pool: dict[Any, World] = {}
+        # what a rank imports, imported once for every run: a planted bug is patched into a
+        # forked rank, never into the zygote, so no bug outlives its run there
+        self.zygote = new_zygote()
 
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config: pytest.Config) -> None:
         runner = config.stash.get(RUNNER, None)
         if runner is not None:
-            runner.share_worlds(self.pool)
+            runner.share_worlds(self.pool, self.zygote)
 
     def close(self) -> None:
         for world in self.pool.values():
@@ -76,6 +79,7 @@ def serve() -> None:
             replies.write(json.dumps({"returncode": int(code)}) + "\n")
     finally:
         shared.close()
+        shared.zygote.close()
 
 
 if __name__ == "__main__":

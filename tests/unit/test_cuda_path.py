@@ -298,6 +298,7 @@ def test_the_runner_tells_the_reports_what_it_found(gpus, monkeypatch: pytest.Mo
         "isolate": False,
         "cell_timeout": 10.0,
         "max_idle_worlds": 1,
+        "rank_start": "fork",
         "report_dir": tmp_path,
         "baseline": None,
     }

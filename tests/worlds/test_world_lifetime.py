@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.frontend.runner import new_zygote
 from conformance.world import protocol
 from conformance.world.controller import World
 from conformance.world.launch import LaunchSpec
@@ -36,11 +37,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / HZ
 
 
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    w = World(LaunchSpec(nproc=2, backend="gloo"), base_dir=tmp_path)
+@pytest.fixture(params=["fresh", "fork"])
+def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
+    """A world of fresh ranks, and one whose ranks (and torchrun) are forked from a zygote."""
+    zygote = new_zygote() if request.param == "fork" else None
+    w = World(LaunchSpec(nproc=2, backend="gloo", zygote=zygote and zygote.path), base_dir=tmp_path)
     yield w
     w.close()
+    if zygote is not None:
+        zygote.close()
 
 
 def test_an_idle_world_costs_no_cpu(world: World) -> None:
@@ -61,13 +66,18 @@ CONTROLLER = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
+    from conformance.frontend.runner import new_zygote
     from conformance.world import protocol
     from conformance.world.controller import World
     from conformance.world.launch import LaunchSpec
 
-    world = World(LaunchSpec(nproc=2, backend="gloo"), base_dir=Path(sys.argv[1]))
+    zygote = new_zygote() if sys.argv[2] == "fork" else None
+    world = World(LaunchSpec(nproc=2, backend="gloo", zygote=zygote and zygote.path), base_dir=Path(sys.argv[1]))
     world.start()
-    print(json.dumps({"torchrun": world._proc.pid, "ranks": list(world._pids.values())}), flush=True)
+    held = {"torchrun": world._proc.pid, "ranks": list(world._pids.values())}
+    if zygote is not None:
+        held["zygote"] = zygote._proc.pid
+    print(json.dumps(held), flush=True)
     world.run(protocol.Task("tests.support.faulty_programs:hang_in_collective", {"rank": 0}), timeout=600)
     """
 )
@@ -82,12 +92,13 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def test_a_killed_controller_takes_its_ranks_down_mid_task(tmp_path: Path) -> None:
+@pytest.mark.parametrize("start", ["fresh", "fork"])
+def test_a_killed_controller_takes_its_ranks_down_mid_task(tmp_path: Path, start: str) -> None:
     root = Path(__file__).resolve().parents[2]
     controller = subprocess.Popen(
-        [sys.executable, "-c", CONTROLLER, str(tmp_path)], cwd=root, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", CONTROLLER, str(tmp_path), start], cwd=root, stdout=subprocess.PIPE, text=True
     )
-    held: dict[str, object] = {"torchrun": None, "ranks": []}
+    held: dict[str, object] = {"torchrun": None, "ranks": [], "zygote": None}
     try:
         line = controller.stdout.readline()
         assert line, "the controller did not start its world"
@@ -97,14 +108,14 @@ def test_a_killed_controller_takes_its_ranks_down_mid_task(tmp_path: Path) -> No
         controller.send_signal(signal.SIGKILL)
         controller.wait()
         killed = time.monotonic()
-        pids = [held["torchrun"], *held["ranks"]]
+        pids = [held["torchrun"], *held["ranks"], *([held["zygote"]] if held.get("zygote") else [])]
         while any(_alive(p) for p in pids) and time.monotonic() - killed < GONE_WITHIN_S:
             time.sleep(0.1)
         left = [p for p in pids if _alive(p)]
         assert not left, f"still running {GONE_WITHIN_S:.0f} s after their controller was killed: {left}"
     finally:  # a failed test must not leave the world behind either
         controller.kill()
-        for pid in [held["torchrun"], *held["ranks"]]:
+        for pid in [held["torchrun"], *held["ranks"], held.get("zygote")]:
             if pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
