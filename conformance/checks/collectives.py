@@ -29,6 +29,7 @@ import torch
 from conformance.checks.area import Area
 from conformance.checks.findings import Findings
 from conformance.checks.record import CellRecord, SimulatedRecord
+from conformance.checks.reductions import REDUCING, judge_backward
 from conformance.checks.storages import distinct_storages, padded_bytes
 from conformance.checks.traces import KINDS, collective_symbols, issued
 from fixtures.compositions import COMPOSITIONS
@@ -191,10 +192,38 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
     storages = distinct_storages(run.eager_model).values()
     gathered_bytes = 0 if replicated else sum(padded_bytes(p, run.cell.world_size) for p in storages)
     found.equal("forward all-gathered bytes", _out_bytes(symbols["forward"]["all_gather"]), gathered_bytes)
+    world = cell.world_size
+    for label, backward in backward_traces(run):
+        judge_backward(found, label, backward, run.eager_model, world, replicated, bytes_=True)
     record = getattr(run, "scenario", None)
     if record is not None and record.traces is not None:  # none where Thunder raised: numerics says so
         judge_scenario(found, record, expected, alternatives, gathered_bytes)
+        wanted = scenario_counts(record.scenario, expected).get("backward")
+        if wanted is not None and record.traces.backward is not None:  # a missing one: judge_scenario says so
+            label, counts = wanted
+            kind = REDUCING[replicated][0]
+            # bytes only where the scenario reduces what training does (not under no_sync,
+            # whose count must be 0 and says so); every reduction's dtype wherever one is issued
+            must_reduce = counts[kind] == expected["backward"][kind]
+            judge_backward(found, label, record.traces.backward, run.eager_model, world, replicated, bytes_=must_reduce)
     return found
+
+
+def backward_traces(run: CellRecord | SimulatedRecord) -> list[tuple[str, Any]]:
+    """The distinct backward traces the training steps ran, labelled for findings:
+    ``backward`` where every step ran the same one (Thunder's cache: the usual case), else
+    ``backward of steps ...`` per trace; a simulated world's one backward is ``backward``."""
+    steps = getattr(run, "steps", None)
+    traces = [s.backward_trace for s in steps if s.backward_trace is not None] if steps else []
+    if not traces:
+        return [("backward", run.traces.backward)] if run.traces is not None else []
+    ran: dict[int, tuple[Any, list[int]]] = {}
+    for k, step in enumerate(steps):
+        if step.backward_trace is not None:
+            ran.setdefault(id(step.backward_trace), (step.backward_trace, []))[1].append(k)
+    if len(ran) == 1:
+        return [("backward", traces[0])]
+    return [(f"backward of steps {', '.join(map(str, ks))}", t) for t, ks in ran.values()]
 
 
 def scenario_counts(scenario: str, expected: dict[str, dict[str, int]]) -> dict[str, tuple[str, dict[str, int]]]:

@@ -100,6 +100,9 @@ class StepRecord:
     eager_buffers: Tensors = dataclasses.field(default_factory=dict)
     twin_buffers: Tensors | None = None
     replicas: Replicas | None = None  # DDP only: where the ranks' replicas came apart
+    # the backward trace Thunder ran for this step (``thunder.last_backward_traces``): the
+    # collectives area judges what every step's backward reduced, not only the last's
+    backward_trace: Any = None
 
 
 @dataclasses.dataclass

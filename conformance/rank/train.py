@@ -148,6 +148,7 @@ class _Lockstep:
             rank_loss.backward()
             del out, rank_loss  # the kit's last references to the forward's result
         training.held_after_backward.append(ledger.read())
+        backward_trace = _last_backward_trace(tm)
         if measured:
             with self.eager_buffers.rank(rank, keep=False):
                 training.eager_peaks.update(_eager_peaks(eager_model, inputs[rank], cotangents[rank], device))
@@ -212,6 +213,7 @@ class _Lockstep:
                 eager_buffers=cpu_copies(eager_model.named_buffers()),
                 twin_buffers=None if twin is None else cpu_copies(twin.named_buffers()),
                 replicas=replicas,
+                backward_trace=backward_trace,
             )
         )
         if measured:
@@ -238,6 +240,14 @@ def train(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: in
             training.timings[f"step{step}_s"] = time.perf_counter() - began
             step += 1
     return training
+
+
+def _last_backward_trace(tm: Any) -> Any:
+    """The backward trace Thunder ran last for ``tm`` (None where it has none)."""
+    import thunder
+
+    traces = thunder.last_backward_traces(tm)
+    return traces[-1] if traces else None
 
 
 def _saved_tensors(out: torch.Tensor) -> list[SavedTensor | None] | None:

@@ -34,6 +34,9 @@ BROADCAST: Pred = lambda cell: INITS[cell.init].broadcast  # noqa: E731
 DDP: Pred = lambda cell: cell.composition in ("ddp_jit", "jit_ddp")  # noqa: E731
 # a bug planted in FSDP's reduce-scatter or its transform: DDP's cells never take that path
 FSDP: Pred = lambda cell: not DDP(cell)  # noqa: E731
+# the gradients' reduction in bfloat16: a reduction upcast there moves other bytes in another dtype
+BF16_FSDP: Pred = lambda cell: BF16(cell) and FSDP(cell)  # noqa: E731
+BF16_DDP: Pred = lambda cell: BF16(cell) and DDP(cell)  # noqa: E731
 # FSDP materialized from the state dict the kit shards: Thunder loads it with load_state_dict
 TRANSFORMED_SD: Pred = lambda cell: cell.init == "meta_transformed_sd" and not DDP(cell)  # noqa: E731
 FROZEN_JIT_FSDP: Pred = lambda cell: FROZEN(cell) and cell.composition == "jit_fsdp"  # noqa: E731

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from conformance.checks.registry import AREAS
-from tests.planted.cells import BF16, DDP, FSDP, NONE
-from tests.planted.patching import thunder_steps
+from tests.planted.cells import BF16, BF16_DDP, BF16_FSDP, DDP, FSDP, NONE
+from tests.planted.patching import smallest_gradient_reduced_upcast, thunder_steps
 from tests.planted.record import Expect, planted
 
 
@@ -87,4 +87,18 @@ def ddp_gradient_one_ulp_on_last_rank() -> Iterator[None]:
 
     with thunder_steps() as begun, pytest.MonkeyPatch.context() as mp:
         mp.setattr(dist, "all_reduce", all_reduce)
+        yield
+
+
+# DDP's counterpart of fsdp_transform.reduce_scatter_upcast: only the all-reduce's dtypes and
+# bytes see it, on bfloat16 DDP cells
+@planted(
+    {"collectives": Expect(BF16_DDP, NONE, "backward all_reduce dtypes: expected the gradients' dtype bfloat16")},
+    cells=(BF16_DDP, lambda c: DDP(c) and not BF16(c), BF16_FSDP),
+)
+@contextlib.contextmanager
+def all_reduce_upcast() -> Iterator[None]:
+    """DDP's backward upcasts the smallest bfloat16 gradient to float32 before its all-reduce
+    and casts the result back: one all-reduce in float32, twice its bytes."""
+    with smallest_gradient_reduced_upcast("thunder.distributed.transforms.ddp_v2:DDPTransform", "REPLICATED"):
         yield

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.planted.cells import ALL, BROADCAST, BUFFERED, FROZEN, FROZEN_JIT_FSDP, NONE, TIED
+from tests.planted.cells import ALL, BF16, BF16_FSDP, BROADCAST, BUFFERED, FROZEN, FROZEN_JIT_FSDP, FSDP, NONE, TIED
+from tests.planted.patching import smallest_gradient_reduced_upcast
 from tests.planted.record import Expect, planted
 
 
@@ -165,3 +166,18 @@ def buffers_not_broadcast() -> Iterator[None]:
             yield
     finally:
         dist.broadcast = original
+
+
+# Numerically invisible (a float32 reduction rounds less than eager's bfloat16 one): only the
+# backward's reduce-scatter dtypes and bytes see it, on bfloat16 cells; float32 and DDP cells
+# take another path
+@planted(
+    {"collectives": Expect(BF16_FSDP, NONE, "backward reduce_scatter dtypes: expected the gradients' dtype bfloat16")},
+    cells=(BF16_FSDP, lambda c: FSDP(c) and not BF16(c), lambda c: BF16(c) and not FSDP(c)),
+)
+@contextlib.contextmanager
+def reduce_scatter_upcast() -> Iterator[None]:
+    """FSDP's backward upcasts the smallest bfloat16 gradient to float32 before its
+    reduce-scatter and casts the shard back: one reduce-scatter in float32, twice its bytes."""
+    with smallest_gradient_reduced_upcast("thunder.distributed.transforms.fsdp_v2:FSDPTransform", "FULLY_SHARDED"):
+        yield
