@@ -49,9 +49,7 @@ def check(run: CellRecord) -> Findings:
         # gradients (the twin at Thunder's weights against the twin at its own): allowed on top
         allowed: dict[str, Tensors | None] = {"parameters": drift}
         if low:
-            allowed["output"] = drift_effect(
-                named_output(step.twin_at_thunder_output), named_output(step.twin_output)
-            )
+            allowed["output"] = drift_effect(named_output(step.twin_at_thunder_output), named_output(step.twin_output))
             allowed["gradients"] = drift_effect(step.twin_at_thunder_grads, step.twin_grads)
         # below float32, gradients may also stray as far as eager's own when each rank's is
         # computed alone (rounded per rank, as a data-parallel rank rounds it before reducing)
