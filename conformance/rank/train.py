@@ -129,6 +129,7 @@ class _Lockstep:
         held_before = ledger.read()
         with ledger.phase(settle=measured) as forward, thunder_call():
             out = tm(inputs[rank])
+        masks = None
         if self.replays:  # the eager models apply the masks the ranks' Thunder modules drew
             masks = drawn_masks(out)
             for replay in self.replays:
@@ -212,6 +213,7 @@ class _Lockstep:
                 eager_buffers=cpu_copies(eager_model.named_buffers()),
                 twin_buffers=None if twin is None else cpu_copies(twin.named_buffers()),
                 replicas=replicas,
+                dropout_masks=masks,
             )
         )
         if measured:

@@ -131,7 +131,7 @@ def NARROWED(cell: Cell) -> bool:
     {"materialization": Expect(NARROWED, NONE, "values within ±")},
     cells=(
         lambda c: NARROWED(c) and c.model == "root_owned",
-        lambda c: MODULE_INIT(c) and not NARROWED(c),
+        lambda c: NARROWED(c) and c.model == "mlp",
         lambda c: not MODULE_INIT(c) and c.model == "root_owned",
     ),
 )

@@ -80,7 +80,9 @@ def check(run: CellRecord) -> Findings:
 
     fixture = MODELS.get(run.cell.model)
     if fixture is not None and fixture.output_dropout is not None:
-        judge_dropout(found, [s.output for s in run.steps], fixture.output_dropout)
+        # every rank's masks where recorded (the same on every rank), else this rank's outputs
+        masks = [s.dropout_masks or [s.output != 0] for s in run.steps]
+        judge_dropout(found, masks, fixture.output_dropout)
     if run.scenario is not None:
         judge_scenario(found, run.scenario, run.dtype, run.cell.world_size)
 
