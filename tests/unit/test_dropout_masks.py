@@ -50,3 +50,10 @@ def test_replayed_alternating_and_shared_masks_fail() -> None:
     assert not any(f.startswith("dropout mask at step 1:") for f in found)
     shared = [[ms[0]] * RANKS for ms in masks]
     assert any(f.startswith("dropout masks of ranks 0 and 1 at step 0") for f in _failures(shared))
+
+
+def test_ranks_seeded_alike_may_share_a_mask() -> None:
+    shared = [[ms[0]] * RANKS for ms in _masks()]
+    found = Findings()
+    judge_dropout(found, shared, P, seeded_apart=False)
+    assert found.failures == [] and found.metrics["dropout fraction dropped"]["values"] == STEPS * ROWS * COLS

@@ -15,6 +15,7 @@ from conformance.checks.numerics.tolerances import Local, Tensors, compare, drif
 from conformance.checks.record import CellRecord, StepRecord
 from conformance.checks.storages import tie_groups
 from fixtures.compositions import COMPOSITIONS
+from fixtures.inits import INITS
 from fixtures.models import MODELS
 
 
@@ -82,7 +83,8 @@ def check(run: CellRecord) -> Findings:
     if fixture is not None and fixture.output_dropout is not None:
         # every rank's masks where recorded (the same on every rank), else this rank's outputs
         masks = [s.dropout_masks or [s.output != 0] for s in run.steps]
-        judge_dropout(found, masks, fixture.output_dropout)
+        # the kit seeds the ranks apart only under the inits that broadcast (conformance/rank/build.py)
+        judge_dropout(found, masks, fixture.output_dropout, seeded_apart=INITS[run.cell.init].broadcast)
     if run.scenario is not None:
         judge_scenario(found, run.scenario, run.dtype, run.cell.world_size)
 
