@@ -103,11 +103,8 @@ def load_loses_last_rank() -> Iterator[None]:
 # Every cell whose model has persistent buffers: the round trip loads known values into them.
 # An init that materializes through load_original_state_dict (the original state dict handed
 # over, or loaded after module init) starts that rank from an unloaded buffer too.
-_LOADS_ORIGINAL = lambda c: (
-    PERSISTENT_BUFFERS(c)
-    and (  # noqa: E731
-        INITS[c.init].state_dict == "original" or INITS[c.init].load_after
-    )
+_LOADS_ORIGINAL = lambda c: PERSISTENT_BUFFERS(c) and (  # noqa: E731
+    INITS[c.init].state_dict == "original" or INITS[c.init].load_after
 )
 
 
