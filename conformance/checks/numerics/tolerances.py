@@ -73,7 +73,9 @@ class Local:
     dtype: torch.dtype
 
     @classmethod
-    def of(cls, ranks: RankGradients | None, twin: Tensors | None, additions: int, dtype: torch.dtype) -> Local | None:
+    def of(
+        cls, ranks: RankGradients | None, twin: Tensors | None, additions: int, dtype: torch.dtype
+    ) -> Local | None:
         return None if ranks is None or twin is None else cls(ranks, twin, additions, dtype)
 
     def error(self, n: str) -> torch.Tensor | None:
