@@ -11,9 +11,9 @@ import torch
 from conformance.checks.distributions import ALPHA, _z
 from conformance.checks.findings import Findings
 
-# the rate's two-sided test at ALPHA: with the masks of dropout_head (960 rows x 15 outputs x 6
-# steps; all ranks pooled, or a quarter of them where 4 ranks draw one mask) a rate 0.02 off
-# 0.25 is found with probability 0.99 or more
+# the rate's two-sided test at ALPHA: with the masks of dropout_head (240 rows x 15 outputs x 6
+# steps per rank; all ranks pooled, or one rank's where the ranks draw one mask) a rate 0.02
+# off 0.25 is found with probability 0.99 or more
 RATE_Z = _z(ALPHA / 2)
 # the dispersion tests' bound in standard deviations: their statistics are sums of many
 # independent terms (normal in the limit, slightly right-skewed), so a false alarm well under
