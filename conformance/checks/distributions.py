@@ -1,8 +1,8 @@
 """The distributions module init draws from, and the statistical tests that hold values to
-one: bounds, constancy, one- and two-sample Kolmogorov-Smirnov tests.
+one: bounds, constancy, the mean, the scale, one- and two-sample Kolmogorov-Smirnov tests.
 
-Every test here has a false-alarm chance set in advance (see ``Z``, ``KS_ALPHA_C``,
-``RANDOM_CHANCE``).
+Every test here has a false-alarm chance set in advance (see ``Z``, ``ALPHA``,
+``RANDOM_CHANCE``) and a power that ``power`` computes for the changes the docs tabulate.
 """
 
 from __future__ import annotations
@@ -15,7 +15,13 @@ import torch
 
 # Normal draws must lie within mean ± Z·std: a false alarm per value of 2Φ(-6.5) = 8.0e-11.
 Z = 6.5
-KS_ALPHA_C = 1.949  # c(alpha) of the Kolmogorov-Smirnov tests at alpha = 0.001
+# The false-alarm chance of each of a random tensor's three tests (mean, scale, KS): 3e-5 per
+# tensor, so that the few hundred tensors a ci run judges raise a false alarm in under 1% of
+# runs; the docs tabulate what each test detects at this alpha.
+ALPHA = 1e-5
+# c(alpha) of the Kolmogorov-Smirnov tests: the asymptotic sqrt(-ln(alpha / 2) / 2), which
+# over-states the exact critical value at small n (conservative)
+KS_ALPHA_C = math.sqrt(-math.log(ALPHA / 2) / 2)
 # A random tensor must not look constant, nor two ranks' shards equal, where a true random
 # draw would do so by chance with at most this probability. Two draws of a continuous
 # distribution rounded to a dtype coincide with probability <= eps/2 (uniform: the widest
@@ -49,6 +55,11 @@ class Dist:
         lo, hi = (self.a, self.b) if self.kind == "uniform" else (self.a - Z * self.b, self.a + Z * self.b)
         slack = max(abs(lo), abs(hi)) * _eps(dtype)
         return lo - slack, hi + slack
+
+    def mean_std(self) -> tuple[float, float]:
+        if self.kind == "uniform":
+            return (self.a + self.b) / 2, (self.b - self.a) / math.sqrt(12)
+        return (self.a, self.b) if self.kind == "normal" else (self.a, 0.0)
 
     def cdf(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "uniform":
@@ -94,9 +105,70 @@ def ks_two_sample(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     return (cdf_a - cdf_b).abs().max().item(), KS_ALPHA_C * math.sqrt((n + m) / (n * m))
 
 
+def _z(p: float) -> float:
+    """The standard normal deviate beyond which a tail holds probability ``p``."""
+    return max(0.0, -torch.special.ndtri(torch.tensor(min(max(p, 1e-300), 0.5), dtype=torch.float64)).item())
+
+
+# the critical |z| of the mean's test: the normal's mean is exactly normal; a uniform's is
+# sub-Gaussian with its variance (sinh(t)/t <= exp(t^2/6)), so P(|z| > t) <= 2 exp(-t^2 / 2)
+MEAN_Z = {"normal": _z(ALPHA / 2), "uniform": math.sqrt(2 * math.log(2 / ALPHA))}
+
+
+def mean_test(x: torch.Tensor, dist: Dist) -> tuple[str | None, float]:
+    """A z-test of the mean of ``x`` (float64) against ``dist``'s, at ``ALPHA``: the failure (or
+    None) and |z| over its critical value."""
+    n = x.numel()
+    mean, std = dist.mean_std()
+    z = (x.mean().item() - mean) / (std / math.sqrt(n))
+    critical = MEAN_Z[dist.kind]
+    if abs(z) > critical:
+        return (
+            f"mean {x.mean().item():.4g} is {z:+.2f} standard errors from {mean:.4g} (at most {critical:.2f}): "
+            f"shifted by {(x.mean().item() - mean) / std:+.3f} std",
+            abs(z) / critical,
+        )
+    return None, abs(z) / critical
+
+
+def scale_test(x: torch.Tensor, dist: Dist, dtype: torch.dtype) -> tuple[str | None, float]:
+    """A test of the spread of ``x`` (float64) at ``ALPHA``: the failure (or None) and its
+    statistic over the critical value in z units. Normal: sum((x - mean) / std)^2 is
+    chi-square with n degrees of freedom (exact, two-sided; wider or narrower). Uniform: a
+    narrower draw keeps every value within r of the centre (r the half-width's fraction), which
+    a true draw does with probability r^n (exact; one-sided: a wider one is the bounds' job);
+    r is widened by one rounding step of ``dtype`` so that rounding cannot fail a true draw."""
+    n = x.numel()
+    if dist.kind == "normal":
+        chi2 = (((x - dist.a) / dist.b) ** 2).sum()
+        half = torch.tensor(n / 2, dtype=torch.float64)
+        tail = min(torch.special.gammainc(half, chi2 / 2).item(), torch.special.gammaincc(half, chi2 / 2).item())
+        ratio = _z(tail) / _z(ALPHA / 2)
+        if tail < ALPHA / 2:
+            std = math.sqrt(chi2.item() / n) * dist.b
+            return (
+                f"std {std:.4g} ({std / dist.b:.3f} x {dist.b:.4g}): a chi-square test on {n} values rejects it "
+                f"(tail {tail:.2g} < {ALPHA / 2:g})",
+                ratio,
+            )
+        return None, ratio
+    centre, half_width = (dist.a + dist.b) / 2, (dist.b - dist.a) / 2
+    rounding = _eps(dtype) * max(abs(dist.a), abs(dist.b)) / half_width
+    r = min(1.0, (x - centre).abs().max().item() / half_width + rounding)
+    chance = r**n
+    ratio = _z(chance) / _z(ALPHA)
+    if chance < ALPHA:
+        return (
+            f"all {n} values within ±{r:.3f} x the half-width {half_width:.4g}: a narrower draw (a true one "
+            f"does so with probability {chance:.2g} < {ALPHA:g})",
+            ratio,
+        )
+    return None, ratio
+
+
 def judge(values: torch.Tensor, dist: Dist) -> tuple[str | None, float | None]:
-    """Why ``values`` (finite) were not drawn from ``dist``, or None; and the KS statistic
-    over its critical value, where the tensor is large enough for the test to reject."""
+    """Why ``values`` (finite) were not drawn from ``dist``, or None; and the largest of the
+    tests' statistics over their critical values (a z-equivalent; > 1 fails)."""
     x = values.detach().double().flatten()
     n = x.numel()
     if n == 0:
@@ -117,9 +189,14 @@ def judge(values: torch.Tensor, dist: Dist) -> tuple[str | None, float | None]:
         )
     if not may_look_constant(n, values.dtype) and (x == x[0]).all():
         return f"all {n} values equal {x[0].item():.6g}", None
+    ratios = []
+    for found, ratio in (mean_test(x, dist), scale_test(x, dist, values.dtype)):
+        ratios.append(ratio)
+        if found is not None:
+            return found, ratio
     d, critical = ks_one_sample(x, dist)
-    if critical >= 1:  # too few values for the test to reject anything
-        return None, None
-    if d > critical:
-        return f"KS statistic {d:.3f} > {critical:.3f}", d / critical
-    return None, d / critical
+    if critical < 1:  # too few values for the KS test to reject anything otherwise
+        ratios.append(d / critical)
+        if d > critical:
+            return f"KS statistic {d:.3f} > {critical:.3f}", d / critical
+    return None, max(ratios)

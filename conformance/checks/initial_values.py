@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from conformance.checks.distributions import RANDOM_CHANCE, coincidence, judge, ks_two_sample, may_look_constant
+from conformance.checks.distributions import (
+    RANDOM_CHANCE,
+    Dist,
+    coincidence,
+    judge,
+    ks_two_sample,
+    may_look_constant,
+)
 from conformance.checks.draws import Expectation
 from fixtures import patterns
 
@@ -63,6 +70,18 @@ def _against(value: torch.Tensor, exp: Expectation) -> tuple[str | None, float |
         if judge(value, dist)[0] is None:
             return f"drawn like {cls}.reset_parameters, not like {expected_cls}.reset_parameters", None
     return f"{verdicts[0][0]}: {expected_cls}.reset_parameters draws {expected}", verdicts[0][1]
+
+
+def pools(expected: dict[str, Expectation]) -> dict[str, tuple[Dist, list[str]]]:
+    """A module's random parameters its ``reset_parameters`` draws from one distribution (a
+    Linear's weight and bias), keyed by the module: judged together as well, so that a module
+    drawn wrong as a whole is found even where each of its tensors alone is too small (only
+    modules with two or more such tensors)."""
+    groups: dict[tuple[str, Dist], list[str]] = {}
+    for name, exp in expected.items():
+        if exp.empirical is None and len(exp.fits) == 1 and exp.fits[0][1].random:
+            groups.setdefault((name.rpartition(".")[0], exp.fits[0][1]), []).append(name)
+    return {f"{module or '(root)'}": (dist, names) for (module, dist), names in groups.items() if len(names) > 1}
 
 
 def shard_copies(value: torch.Tensor, world: int) -> tuple[str | None, int, int]:

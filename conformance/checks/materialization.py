@@ -16,9 +16,11 @@ the same value on every rank.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from conformance.checks import distributions, draws, initial_values
+from conformance.checks import distributions, draws, initial_values, power
 from conformance.checks.area import Area
 from conformance.checks.findings import Findings
 from conformance.checks.record import CellRecord
@@ -67,6 +69,7 @@ def _like_module_init(run: CellRecord, found: Findings) -> None:
     expected = draws.expectations(lambda: fixture.build(run.cell.tie == "tied"))
     initial, eager_model = run.setup.initial, run.setup.eager_initial
     worst, compared, too_small = 0.0, 0, 0
+    passed: dict[str, torch.Tensor] = {}
     for name in [*expected, *(n for n in initial if n not in expected)]:
         exp, value = expected.get(name), initial.get(name)
         with found.expect(f"initial parameters [{name}]"):
@@ -75,15 +78,30 @@ def _like_module_init(run: CellRecord, found: Findings) -> None:
             failure, ratio = initial_values.check_values(value, exp, dtype)
             worst = max(worst, ratio or 0.0)
             assert failure is None, failure
+            passed[name] = value
         if exp is None or not exp.random or not isinstance(value, torch.Tensor) or tuple(value.shape) != exp.shape:
             continue
         with found.expect(f"initial shards [{name}]"):
             failure, pairs, skipped = initial_values.shard_copies(value, run.cell.world_size)
             compared, too_small = compared + pairs, too_small + skipped
             assert failure is None, failure
+    pooled = initial_values.pools(expected)
+    for module, (dist, names) in pooled.items():
+        if not all(n in passed for n in names):
+            continue  # a member failed alone: reported already
+        with found.expect(f"initial parameters pooled [{module}]"):
+            failure, ratio = distributions.judge(torch.cat([passed[n].flatten() for n in names]), dist)
+            worst = max(worst, ratio or 0.0)
+            assert failure is None, f"{', '.join(names)} together: {failure}: the module draws {dist}"
+    sizes = {n: (e.fits[0][1], math.prod(e.shape), 0) for n, e in expected.items() if e.empirical is None and e.fits}
+    for dist, names in pooled.values():
+        for n in names:
+            sizes[n] = (dist, sizes[n][1], sum(sizes[m][1] for m in names))
+    found.metrics["initial parameters under-powered"] = power.under_powered(sizes)
     found.metrics["initial parameters expected"] = {n: e.describe() for n, e in expected.items()}
     found.metrics["initial parameters KS only"] = sorted(n for n, e in expected.items() if e.empirical == "random")
-    found.metrics["initial parameters KS / critical (worst)"] = worst
+    found.metrics["initial parameters test / critical (worst)"] = worst
+    found.metrics["initial parameters alpha per test"] = distributions.ALPHA
     found.metrics["initial parameters normal bound (z)"] = distributions.Z
     found.metrics["initial shards: pairs of ranks compared"] = compared
     found.metrics["initial shards: pairs too small to compare"] = too_small

@@ -98,6 +98,8 @@ class StepRecord:
     # micro-batches alone (a buffer the forward updates, such as running statistics, is per rank)
     buffers: Tensors = dataclasses.field(default_factory=dict)
     eager_buffers: Tensors = dataclasses.field(default_factory=dict)
+    # every rank's dropout mask (kept: True), where the model's last op is a dropout
+    dropout_masks: list[torch.Tensor] | None = None
     twin_buffers: Tensors | None = None
     replicas: Replicas | None = None  # DDP only: where the ranks' replicas came apart
     # the backward trace Thunder ran for this step (``thunder.last_backward_traces``): the

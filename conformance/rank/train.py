@@ -129,6 +129,7 @@ class _Lockstep:
         held_before = ledger.read()
         with ledger.phase(settle=measured) as forward, thunder_call():
             out = tm(inputs[rank])
+        masks = None
         if self.replays:  # the eager models apply the masks the ranks' Thunder modules drew
             masks = drawn_masks(out)
             for replay in self.replays:
@@ -214,6 +215,7 @@ class _Lockstep:
                 twin_buffers=None if twin is None else cpu_copies(twin.named_buffers()),
                 replicas=replicas,
                 backward_trace=backward_trace,
+                dropout_masks=masks,
             )
         )
         if measured:

@@ -56,3 +56,15 @@ def dropout_drops_half() -> Iterator[None]:
     drops is wrong."""
     with _dropout_mask(lambda a, keep, original: original(a, 1 - (1 - keep) / 2)):
         yield
+
+
+@planted(
+    {"numerics": Expect(DROPOUT, NONE, "dropout fraction dropped")},
+    cells=(DROPOUT, lambda c: DROPOUT(c) and c.composition == "jit_fsdp", lambda c: c.model == "mlp"),
+)
+@contextlib.contextmanager
+def dropout_rate_off() -> Iterator[None]:
+    """The dropout drops p = 0.27 of the elements where the model asks for 0.25 (while scaling
+    the kept by 1 / (1 - 0.25)): just past the 0.02 the rate's test promises to detect."""
+    with _dropout_mask(lambda a, keep, original: original(a, keep - 0.02)):
+        yield

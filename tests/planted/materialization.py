@@ -5,11 +5,14 @@ nothing but materialization can see them)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from conformance.matrix.cells import Cell
+from fixtures.models import fixture_for
 from tests.planted.cells import ALL, BUFFERED, MODULE_INIT, NONE, REAL
 from tests.planted.record import Expect, planted
 
@@ -61,14 +64,16 @@ def _during_module_init(patch: Callable[[Any, pytest.MonkeyPatch], None]) -> Ite
         yield
 
 
-def _linears(tm: Any, untied: bool = False) -> list[Any]:
-    """The model's nn.Linear modules (``untied``: those whose weight no other module shares)."""
+def _linears(tm: Any, untied: bool = False, model: bool = False) -> list[Any]:
+    """The nn.Linear modules of a Thunder module's model (``model``: of the model ``tm``
+    itself); ``untied``: those whose weight no other module shares."""
     from torch import nn
 
+    root = tm if model else tm._model
     uses: dict[int, int] = {}
-    for _, p in tm._model.named_parameters(remove_duplicate=False):
+    for _, p in root.named_parameters(remove_duplicate=False):
         uses[id(p)] = uses.get(id(p), 0) + 1
-    linears = [m for m in tm._model.modules() if isinstance(m, nn.Linear)]
+    linears = [m for m in root.modules() if isinstance(m, nn.Linear)]
     return [m for m in linears if not untied or uses[id(m.weight)] == 1]
 
 
@@ -98,6 +103,49 @@ def module_init_draws_wider() -> Iterator[None]:
     def patch(tm: Any, mp: pytest.MonkeyPatch) -> None:
         largest = max(_linears(tm, untied=True), key=lambda m: m.weight.numel())
         _after_reset(mp, largest, lambda m: m.weight.mul_(1.05))
+
+    with _during_module_init(patch):
+        yield
+
+
+# the fewest values at which the scale test detects std x 0.8 with certainty (0.8^64 < ALPHA)
+NARROWED_SIZE = 64
+
+
+@functools.cache
+def _has_narrowed(model: str, spec: str | None, tie: str) -> bool:
+    """Whether the model has an untied Linear weight of at least NARROWED_SIZE values (built
+    on the meta device, nothing drawn)."""
+    import torch
+
+    with torch.device("meta"):
+        module = fixture_for(model, spec).build(tie == "tied")
+    return any(m.weight.numel() >= NARROWED_SIZE for m in _linears(module, untied=True, model=True))
+
+
+def NARROWED(cell: Cell) -> bool:
+    return MODULE_INIT(cell) and _has_narrowed(cell.model, cell.spec, cell.tie)
+
+
+@planted(
+    {"materialization": Expect(NARROWED, NONE, "values within ±")},
+    cells=(
+        lambda c: NARROWED(c) and c.model == "root_owned",
+        lambda c: NARROWED(c) and c.model == "mlp",
+        lambda c: not MODULE_INIT(c) and c.model == "root_owned",
+    ),
+)
+@contextlib.contextmanager
+def module_init_std_narrowed() -> Iterator[None]:
+    """Module init draws the smallest untied Linear weight of at least 64 values (root_owned's
+    8 x 8 ``lin.weight``: exactly 64) with its std scaled by 0.8 (the uniform narrowed to
+    ±0.8/√fan_in): in bounds, not constant, its mean right; only the scale test sees it."""
+
+    def patch(tm: Any, mp: pytest.MonkeyPatch) -> None:
+        big = [m for m in _linears(tm, untied=True) if m.weight.numel() >= NARROWED_SIZE]
+        if big:
+            smallest = min(big, key=lambda m: m.weight.numel())
+            _after_reset(mp, smallest, lambda m: m.weight.mul_(0.8))
 
     with _during_module_init(patch):
         yield

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from conformance.checks import draws
-from conformance.checks.distributions import Dist, uniform
+from conformance.checks import draws, power
+from conformance.checks.distributions import Dist, judge, uniform
 from conformance.checks.initial_values import check_values, shard_copies
 from fixtures.models import MODELS
 from fixtures.toy_models import TinyLM
@@ -32,8 +32,8 @@ def test_registry_from_the_eager_model() -> None:
 def test_the_tied_owner_is_the_one_eager_keeps() -> None:
     tied = expect(lambda: MODELS["litgpt_llama"].build(True))["lm_head.weight"]
     assert [cls for cls, _ in tied.fits] == ["Embedding"] and [cls for cls, _ in tied.others] == ["Linear"]
-    # Thunder's values, drawn by the first owner (lm_head, a Linear); seeded, since a KS test
-    # at alpha = 0.001 rejects a true draw one time in a thousand
+    # Thunder's values, drawn by the first owner (lm_head, a Linear); seeded, since the tests
+    # reject a true draw 3 times in 100,000
     torch.manual_seed(0)
     drawn = nn.Linear(24, 37).weight.detach()
     assert check_values(drawn, tied, torch.float32)[0] == (
@@ -52,7 +52,7 @@ def test_a_few_values_just_outside_fail() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_small_constant_tensors_fail(dtype) -> None:
-    exp = expect(lambda: nn.Linear(20, 4))["bias"]  # 4 elements: too few for the KS test to fail them
+    exp = expect(lambda: nn.Linear(20, 4))["bias"]  # 4 elements: too few for the other tests to fail them
     assert "all 4 values equal" in check_values(torch.full((4,), 0.1, dtype=dtype), exp, dtype)[0]
     assert check_values(torch.tensor([0.1, -0.2, 0.05, 0.0], dtype=dtype), exp, dtype)[0] is None
 
@@ -76,11 +76,47 @@ def test_what_thunder_produced_never_crashes() -> None:
     assert check_values(torch.zeros(33, 16, dtype=torch.int64), exp, torch.float32)[0].startswith("dtype")
 
 
-def test_narrower_draws_fail_the_ks_test() -> None:
+def test_narrower_draws_fail_the_scale_test() -> None:
     exp = expect(lambda: TinyLM(tie=False))["emb.weight"]
     torch.manual_seed(0)
     found, ratio = check_values(torch.randn(33, 16) * 0.5, exp, torch.float32)
-    assert found.startswith("KS statistic") and ratio > 1
+    assert found.startswith("std 0.50") and "chi-square" in found and ratio > 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_64_value_uniform_narrowed_by_a_fifth_always_fails(dtype) -> None:
+    dist = uniform(-0.25, 0.25)
+    torch.manual_seed(0)
+    for _ in range(50):
+        true = torch.empty(64).uniform_(-0.25, 0.25)
+        assert judge(true.to(dtype), dist)[0] is None
+        assert "values within ±" in judge((true * 0.8).to(dtype), dist)[0]
+
+
+def test_a_shifted_mean_fails_the_mean_test() -> None:
+    torch.manual_seed(0)
+    found = judge(torch.randn(2000) + 0.2, Dist("normal", 0.0, 1.0))[0]
+    assert found.startswith("mean ") and "shifted by +0.2" in found
+
+
+def test_false_alarms_stay_near_alpha() -> None:
+    """Seeded true draws of both kinds: the tests reject at most a few of 4,000 at 3 x ALPHA
+    per tensor (the expected count is 0.12)."""
+    torch.manual_seed(1)
+    fails = 0
+    for n in (8, 64, 528):
+        for _ in range(1000 if n < 528 else 333):
+            fails += judge(torch.empty(n).uniform_(-1, 1), uniform(-1, 1))[0] is not None
+            fails += judge(torch.randn(n), Dist("normal", 0.0, 1.0))[0] is not None
+    assert fails <= 2
+
+
+def test_the_power_the_docs_state() -> None:
+    assert power.smallest("uniform") == power.Powered(narrower=52, wider=13, shifted=39)
+    assert power.smallest("normal") == power.Powered(narrower=355, wider=458, shifted=812)
+    assert power.scale_power("uniform", 64, 0.8) == 1.0 and power.shift_power("normal", 888, 0.2) > 0.9
+    sizes = {"w": (uniform(-1, 1), 64, 0), "b": (uniform(-1, 1), 8, 72), "e": (Dist("normal", 0.0, 1.0), 528, 0)}
+    assert power.under_powered(sizes) == {"e": "528 values: misses mean +0.2 std"}
 
 
 class Custom(nn.Module):

@@ -15,6 +15,7 @@ from conformance.checks.numerics.tolerances import Local, Tensors, compare, drif
 from conformance.checks.record import CellRecord, StepRecord
 from conformance.checks.storages import tie_groups
 from fixtures.compositions import COMPOSITIONS
+from fixtures.inits import INITS
 from fixtures.models import MODELS
 
 
@@ -49,9 +50,7 @@ def check(run: CellRecord) -> Findings:
         # gradients (the twin at Thunder's weights against the twin at its own): allowed on top
         allowed: dict[str, Tensors | None] = {"parameters": drift}
         if low:
-            allowed["output"] = drift_effect(
-                named_output(step.twin_at_thunder_output), named_output(step.twin_output)
-            )
+            allowed["output"] = drift_effect(named_output(step.twin_at_thunder_output), named_output(step.twin_output))
             allowed["gradients"] = drift_effect(step.twin_at_thunder_grads, step.twin_grads)
         # below float32, gradients may also stray as far as eager's own when each rank's is
         # computed alone (rounded per rank, as a data-parallel rank rounds it before reducing)
@@ -82,7 +81,10 @@ def check(run: CellRecord) -> Findings:
 
     fixture = MODELS.get(run.cell.model)
     if fixture is not None and fixture.output_dropout is not None:
-        judge_dropout(found, [s.output for s in run.steps], fixture.output_dropout)
+        # every rank's masks where recorded (the same on every rank), else this rank's outputs
+        masks = [s.dropout_masks or [s.output != 0] for s in run.steps]
+        # the kit seeds the ranks apart only under the inits that broadcast (conformance/rank/build.py)
+        judge_dropout(found, masks, fixture.output_dropout, seeded_apart=INITS[run.cell.init].broadcast)
     if run.scenario is not None:
         judge_scenario(found, run.scenario, run.dtype, run.cell.world_size)
 
