@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from conformance.frontend.ledger import Ledger
 from conformance.matrix.cells import Cell
 from conformance.matrix.coverage import coverage, unmet_pairs
 from conformance.reports import environment
@@ -34,12 +35,18 @@ PART_OF_SUITE = "This run asked for part of the suite: the baseline's items it d
 
 class Reporter:
     def __init__(
-        self, report_dir: Path, session: SessionInfo, baseline: Path | None = None, whole_run: bool = True
+        self,
+        report_dir: Path,
+        session: SessionInfo,
+        baseline: Path | None = None,
+        whole_run: bool = True,
+        ledger: Ledger | None = None,
     ) -> None:
         self.dir = report_dir
         self.session = session
         # a run of part of the suite (-k, a path) misses the baseline's other items without losing them
         self.whole_run = whole_run
+        self.ledger = ledger  # judged before this writer's session end (its hook runs first)
         # read now: the run may write its report.json over the baseline's (the same folder)
         self.baseline = (str(baseline), read_report(baseline)) if baseline is not None else None
         self.records: dict[str, dict[str, Any]] = {}
@@ -69,6 +76,7 @@ class Reporter:
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        exitstatus = session.exitstatus  # the ledger's stale templates may have set it after pytest's
         records = list(self.records.values())
         counts: dict[str, int] = {}
         # coverage is of the cells that ran: one reported unsupported tested nothing
@@ -94,6 +102,8 @@ class Reporter:
             "worlds_started": len({r["cell"] for r in records if r.get("metrics", {}).get("world_start_s", 0) > 0}),
             "isolate": self.session.isolate,
             "time_share": time_share(records).to_json(),
+            # per template staleness (frontend/ledger.py): whether it was judged, and the stale ones
+            "xfail_templates": self.ledger.to_json() if self.ledger is not None else None,
             "counts": counts,
             "cells": records,
         }
