@@ -122,7 +122,7 @@ class Placeholder:
         x, low, high = float(number), self.low.value(derived), self.high.value(derived)
         if low is None or high is None:  # the failure carries no such derived value
             return False
-        if low == high and math.isnan(x) and math.isnan(low):  # the kit derived nan, the message says it
+        if self.low == self.high and math.isnan(x) and math.isnan(low):  # the kit derived nan, as printed
             return True
         return low <= x <= high
 

@@ -76,7 +76,8 @@ class Reporter:
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        exitstatus = session.exitstatus  # the ledger's stale templates may have set it after pytest's
+        # the ledger's stale templates may have set it after pytest passed ``exitstatus``
+        exitstatus = getattr(session, "exitstatus", exitstatus)
         records = list(self.records.values())
         counts: dict[str, int] = {}
         # coverage is of the cells that ran: one reported unsupported tested nothing
