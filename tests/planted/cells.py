@@ -36,6 +36,7 @@ DDP: Pred = lambda cell: cell.composition in ("ddp_jit", "jit_ddp")  # noqa: E73
 FSDP: Pred = lambda cell: not DDP(cell)  # noqa: E731
 # FSDP materialized from the state dict the kit shards: Thunder loads it with load_state_dict
 TRANSFORMED_SD: Pred = lambda cell: cell.init == "meta_transformed_sd" and not DDP(cell)  # noqa: E731
+ZERO3_FSDP: Pred = lambda cell: cell.sharding == "zero3" and FSDP(cell)  # noqa: E731
 FROZEN_JIT_FSDP: Pred = lambda cell: FROZEN(cell) and cell.composition == "jit_fsdp"  # noqa: E731
 
 
