@@ -261,9 +261,8 @@ def judge_scenario(
 def reference_counts(
     module: torch.nn.Module, sharding: str, bucketing: str, replicated: bool = False
 ) -> dict[str, dict[str, dict[str, int]]]:
-    """What the cell would expect under each recognised alternative, by the name an xfails
-    template gives it (checks/derived.py), whether or not it differs from the cell itself:
-    ``unbucketed`` (bucketing NONE), ``zero2`` (no backward re-gather; DDP's own counts)."""
+    """The cell's counts under each alternative, named as xfails templates name them (checks/
+    derived.py), even where equal to its own: ``unbucketed`` (NONE), ``zero2`` (no re-gather)."""
     return {
         "unbucketed": expected_counts(module, sharding, "none", replicated),
         "zero2": expected_counts(module, "zero2", bucketing, replicated),

@@ -13,11 +13,10 @@ import datetime
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
-from conformance.frontend.ledger import Ledger
 from conformance.matrix.cells import Cell
 from conformance.matrix.coverage import coverage, unmet_pairs
 from conformance.reports import environment
@@ -33,6 +32,12 @@ from conformance.reports.time_share import time_share
 PART_OF_SUITE = "This run asked for part of the suite: the baseline's items it did not run set no exit status."
 
 
+class Judged(Protocol):
+    """What the report writes of per template staleness (conformance/frontend/ledger.py's Ledger)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
 class Reporter:
     def __init__(
         self,
@@ -40,7 +45,7 @@ class Reporter:
         session: SessionInfo,
         baseline: Path | None = None,
         whole_run: bool = True,
-        ledger: Ledger | None = None,
+        ledger: Judged | None = None,
     ) -> None:
         self.dir = report_dir
         self.session = session
