@@ -110,9 +110,17 @@ def render(text: str, source: str = "xfails.toml") -> str:
             f"- cells: {_when(entry.get('when', {}))}",
             "- failures it expects:",
         ]
-        out += [f"  - {_code(str(f))}" for f in entry.get("failures", [])]
+        out += [f"  - {_failure(f)}" for f in entry.get("failures", [])]
         out += [f"- reason: {entry.get('reason', '')}", f"- evidence: {entry.get('link', '')}", ""]
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _failure(failure: object) -> str:
+    """A template, and the cells it shows in where it names them ({template, when})."""
+    if isinstance(failure, dict):
+        when = failure.get("when")
+        return _code(str(failure.get("template", ""))) + (f" (only where {_when(when)})" if when else "")
+    return _code(str(failure))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -177,12 +177,13 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
     replicated = COMPOSITIONS[cell.composition].replicated
     expected = expected_counts(run.eager_model, cell.sharding, cell.bucketing, replicated)
     alternatives = alternative_counts(run.eager_model, cell.sharding, cell.bucketing, replicated)
+    references = reference_counts(run.eager_model, cell.sharding, cell.bucketing, replicated)
     for phase, found_in in symbols.items():
         for kind in KINDS:
             got = len(found_in[kind])
-            _count(
-                found, f"{phase} {kind}s", got, expected[phase][kind], named_alternative(alternatives, phase, kind, got)
-            )
+            named = named_alternative(alternatives, phase, kind, got)
+            want = expected[phase][kind]
+            _count(found, f"{phase} {kind}s", got, want, named, _derived(want, references, phase, kind))
         gathered = collections.Counter(
             b.flat_proxy_args[0].name if b.flat_proxy_args else "(no input)" for b in found_in["all_gather"]
         )
@@ -191,13 +192,16 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
             assert not twice, f"gathered more than once: {twice}"
     storages = distinct_storages(run.eager_model).values()
     gathered_bytes = 0 if replicated else sum(padded_bytes(p, run.cell.world_size) for p in storages)
-    found.equal("forward all-gathered bytes", _out_bytes(symbols["forward"]["all_gather"]), gathered_bytes)
+    got_bytes = _out_bytes(symbols["forward"]["all_gather"])
+    found.equal(
+        "forward all-gathered bytes", got_bytes, gathered_bytes, _bytes_derived(gathered_bytes, cell.world_size)
+    )
     world = cell.world_size
     for label, backward in backward_traces(run):
         judge_backward(found, label, backward, run.eager_model, world, replicated, bytes_=True)
     record = getattr(run, "scenario", None)
     if record is not None and record.traces is not None:  # none where Thunder raised: numerics says so
-        judge_scenario(found, record, expected, alternatives, gathered_bytes)
+        judge_scenario(found, record, expected, alternatives, gathered_bytes, references, world)
         wanted = scenario_counts(record.scenario, expected).get("backward")
         if wanted is not None and record.traces.backward is not None:  # a missing one: judge_scenario says so
             label, counts = wanted
@@ -251,6 +255,8 @@ def judge_scenario(
     expected: dict[str, dict[str, int]],
     alternatives: list[tuple[str, dict]],
     gathered_bytes: int,
+    references: dict[str, dict] | None = None,
+    world_size: int = 1,
 ) -> None:
     """The traces the cell's scenario compiled, counted against ``scenario_counts``; every
     forward gathers the bytes the training forward gathers."""
@@ -273,16 +279,44 @@ def judge_scenario(
                 named = named_alternative(alternatives, phase, kind, got)
             else:
                 named = "the training's count" if got and got in trained else None
-            _count(found, f"{label} {kind}s", got, want[kind], named)
+            _count(found, f"{label} {kind}s", got, want[kind], named, _derived(want[kind], references, phase, kind))
         if phase == "forward":
-            found.equal(f"{label} all-gathered bytes", _out_bytes(found_in["all_gather"]), gathered_bytes)
+            got_bytes = _out_bytes(found_in["all_gather"])
+            found.equal(
+                f"{label} all-gathered bytes", got_bytes, gathered_bytes, _bytes_derived(gathered_bytes, world_size)
+            )
 
 
-def _count(found: Findings, what: str, got: int, want: int, named: str | None) -> None:
+def reference_counts(
+    module: torch.nn.Module, sharding: str, bucketing: str, replicated: bool = False
+) -> dict[str, dict[str, dict[str, int]]]:
+    """The cell's counts under each alternative, named as xfails templates name them (checks/
+    derived.py), even where equal to its own: ``unbucketed`` (NONE), ``zero2`` (no re-gather)."""
+    return {
+        "unbucketed": expected_counts(module, sharding, "none", replicated),
+        "zero2": expected_counts(module, "zero2", bucketing, replicated),
+    }
+
+
+def _derived(
+    want: int, references: dict[str, dict[str, dict[str, int]]] | None, phase: str, kind: str
+) -> dict[str, float]:
+    """What a count's failure carries: the count the cell expects, and each reference's count
+    of the training trace of ``phase`` (a scenario's trace is named by the training's phase)."""
+    return {"expected": want, **{name: counts[phase][kind] for name, counts in (references or {}).items()}}
+
+
+def _bytes_derived(expected: int, world_size: int) -> dict[str, float]:
+    return {"expected_times_world_size": expected * world_size}
+
+
+def _count(
+    found: Findings, what: str, got: int, want: int, named: str | None, derived: dict[str, float] | None = None
+) -> None:
     """A count of collectives against the model's, recorded as ``Findings.equal`` records it;
     a wrong count says which alternative it equals, where it equals one."""
     found.metrics[what] = {"expected": want, "actual": got}
-    with found.expect(what):
+    with found.expect(what, derived or {"expected": want}):
         assert got == want, f"expected {want}, got {got}" + (f" ({named})" if named else "")
 
 

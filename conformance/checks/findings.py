@@ -34,18 +34,26 @@ class Findings:
     failures: list[str] = dataclasses.field(default_factory=list)
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     crash: Crash | None = None  # the check itself raised: nothing above is a verdict
+    # failure message -> what the check derived for it (checks/derived.py names): the numbers
+    # an xfails template may name instead of a free one
+    derived: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
     @contextlib.contextmanager
-    def expect(self, what: str) -> Iterator[None]:
-        """Record an AssertionError raised inside as a failure of ``what`` and go on."""
+    def expect(self, what: str, derived: Mapping[str, float] | None = None) -> Iterator[None]:
+        """Record an AssertionError raised inside as a failure of ``what`` (with ``derived``,
+        the numbers the check derived for it) and go on."""
         try:
             yield
         except AssertionError as exc:
-            self.failures.append(f"{what}: {exc}")
+            message = f"{what}: {exc}"
+            self.failures.append(message)
+            if derived:
+                self.derived[message] = dict(derived)
 
-    def equal(self, what: str, actual: Any, expected: Any) -> None:
+    def equal(self, what: str, actual: Any, expected: Any, derived: Mapping[str, float] | None = None) -> None:
         self.metrics[what] = {"expected": expected, "actual": actual}
-        with self.expect(what):
+        numeric = isinstance(expected, int | float) and not isinstance(expected, bool)
+        with self.expect(what, {"expected": expected, **(derived or {})} if numeric else derived):
             assert actual == expected, f"expected {expected}, got {actual}"
 
     def close(

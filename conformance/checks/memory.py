@@ -147,7 +147,14 @@ def _held_after_setup(run: CellRecord | SimulatedRecord, model: Terms, found: Fi
         "bound": model.resident,
         "0-d storages": run.memory.scalars_after_setup,
     }
-    with found.expect("memory held after setup"):
+    derived = {
+        "resident": model.resident,
+        "buffers": model.buffers,
+        "handed_over": model.handed_over,
+        "resident_and_handed_over": model.resident + model.handed_over,
+        "resident_and_buffers": model.resident + model.buffers,
+    }
+    with found.expect("memory held after setup", derived):
         excess = alive - model.resident
         why = (
             "exactly the bytes of the state dict handed over"

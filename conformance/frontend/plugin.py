@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, Phase, settings
 from conformance.checks.registry import applies
 from conformance.frontend import baseline, options
 from conformance.frontend.blame import KitError
+from conformance.frontend.ledger import Ledger
 from conformance.frontend.runner import DEFAULT_XFAILS, RUNNER, Runner
 from conformance.frontend.verdict import Conformance
 from conformance.frontend.xfails import KnownNonConformance
@@ -129,15 +130,22 @@ def pytest_configure(config: pytest.Config) -> None:
         told = None if seal.ENV_TOKEN in os.environ else nodes.seal.token
         agents = f"{nodes.nnodes - 1} join agent{'s' if nodes.nnodes > 2 else ''}"
         sys.stderr.write(f"waiting for {agents}; on each: {join_command(nodes.endpoint, told)}\n")
+    if hasattr(config, "workerinput"):  # xdist workers report to the controller
+        return
+    runner = config.stash[RUNNER]
+    whole_run = baseline.selects_all(config) and config.getoption("replay") is None
+    ledger = Ledger(runner.expectations, runner.thunder_version, whole_run)
+    config.pluginmanager.register(ledger, "conformance-ledger")
     report_dir = config.getoption("report_dir")
-    if report_dir is not None and not hasattr(config, "workerinput"):  # xdist workers report to the controller
+    if report_dir is not None:
         from conformance.reports.writer import Reporter
 
         reporter = Reporter(
             report_dir,
-            config.stash[RUNNER].session,
+            runner.session,
             baseline=config.getoption("baseline"),
             whole_run=baseline.selects_all(config),
+            ledger=ledger,
         )
         config.pluginmanager.register(reporter, "conformance-reporter")
 

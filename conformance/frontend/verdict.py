@@ -14,7 +14,7 @@ import pytest
 from conformance.checks.collectives import SEQUENCE
 from conformance.checks.findings import CellResult
 from conformance.checks.registry import AREAS, applies
-from conformance.frontend import baseline
+from conformance.frontend import baseline, ledger
 from conformance.frontend.blame import KIT, THUNDER, Blame, KitError, blame
 from conformance.frontend.runner import Runner
 from conformance.frontend.xfails import Expectation, KnownNonConformance, known_elsewhere
@@ -82,6 +82,10 @@ class Conformance:
         failures = _by_message(
             (rank, msg) for rank, r in zip(ranks, results, strict=True) for msg in r.areas[area].failures
         )
+        # what the kit derived for each failure, as the first rank that reports it derived it
+        derived: dict[str, dict[str, float]] = {}
+        for r in reversed(results):
+            derived.update(r.areas[area].derived)
         if area == "collectives":
             for msg, differing in _sequences_differ(ranks, results):
                 failures.setdefault(msg, []).extend(differing)
@@ -98,17 +102,34 @@ class Conformance:
             measured = results[0].areas[area].metrics["measured"]
             for msg in baseline.grown(self.runner.baseline.get(cell.id), measured):
                 failures.setdefault(msg, []).append(0)
-        self._judge(cell, area, failures, repro, record)
+        self._judge(cell, area, failures, repro, record, derived)
 
-    def _judge(self, cell: Cell, area: str, failures: dict[str, list[int]], repro: str, record: bool) -> None:
-        """The item's verdict on its failures (message -> ranks): conforms (returns), known
-        (KnownNonConformance), stale or not conforming (pytest.fail)."""
+    def _judge(
+        self,
+        cell: Cell,
+        area: str,
+        failures: dict[str, list[int]],
+        repro: str,
+        record: bool,
+        derived: dict[str, dict[str, float]] | None = None,
+    ) -> None:
+        """The item's verdict on its failures (message -> ranks; ``derived``: message -> what
+        the kit derived for it): conforms (returns), known (KnownNonConformance), stale or not
+        conforming (pytest.fail). Which templates named the cell and which matched go to the
+        item's ``xfail_templates`` property, for the run's ledger (frontend/ledger.py)."""
+        derived = derived or {}
+        backend = self.runner.session.backend
         known = self.runner.known(cell, area)
+        matched = {
+            msg: [(e.source, i) for e in known for i in e.matching(msg, derived.get(msg), cell, backend)]
+            for msg in failures
+        }
+        ledger.note(self.node, [(e.source, i) for e in known for i in e.templates_for(cell, backend)], matched)
         if not failures:
             if known:  # never a silent XPASS: the entry would mask the next regression
                 pytest.fail(_stale(cell, area, known, repro), pytrace=False)
             return
-        unexplained = [msg for msg in failures if not any(e.explains(msg) for e in known)]
+        unexplained = [msg for msg in failures if not matched[msg]]
         lines = [f"{cell.id} does not conform ({area}):"]
         lines += [
             f"  ranks {ranks}: {msg}" + ("" if msg in unexplained else "  [expected: xfails]")
@@ -118,7 +139,7 @@ class Conformance:
             raise KnownNonConformance("\n".join([*lines, repro]))
         # entries for other Thunder versions excuse nothing, but say which failures are upstream's
         elsewhere = known_elsewhere(
-            cell, area, self.runner.thunder_version, self.runner.session.backend, self.runner.expectations, unexplained
+            cell, area, self.runner.thunder_version, backend, self.runner.expectations, unexplained, derived
         )
         if record and elsewhere:
             self.node.user_properties.append(("known_elsewhere", json.dumps([k.to_json() for k in elsewhere])))

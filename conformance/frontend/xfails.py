@@ -1,32 +1,31 @@
 """Known non-conformances of the Thunder under test, read from an xfails file (TOML).
 
 Each ``[[xfail]]`` entry names the check area, the cells it covers (``when``: axis -> values,
-and optionally ``backend`` -> the process group backends it holds on),
-the Thunder versions it holds for (``thunder``: PEP 440 specifier strings, any of which may
-contain the version under test, prereleases included), the failures it expects, a reason and a
-link. Every string of ``failures`` is a template of one whole failure message: literal text in
-which ``{}`` stands for exactly one number (an int or a decimal, optionally signed, optionally
-with an exponent; or nan, inf) and ``{name}`` for one tensor's name (for a failure that hits
-every tensor of a model). A failure is explained by an entry iff its first line matches one
-of its templates in full (below it, assert_close's details of the tensors).
+and optionally ``backend`` -> the process group backends it holds on), the Thunder versions it
+holds for (``thunder``: PEP 440 specifiers, prereleases included), the failures it expects
+(templates of whole messages, conformance/frontend/templates.py: no free number, no free
+tensor name), a reason and a link. A failure is explained by an entry iff its first line
+matches one of the templates that name its cell, in full, with the numbers the kit derived
+for it (below the first line, assert_close's details of the tensors).
 
 Only the failures an entry names become an expected failure: any other failure of the same
-item still fails, and an item that an entry covers but that conforms fails as well, naming the
-entry as stale. Where the Thunder version is unknown (no package metadata, or not a PEP 440
-version) no entry covers anything: every failure then counts, and no entry is called stale.
-An entry that names the cell and would explain a failure but holds for other versions only
-(a fork's version, say) excuses nothing either: the failing item's message names it
-(``known_elsewhere``), so an upstream non-conformance can be told from a new one.
+item still fails, an item that an entry covers but that conforms fails as well (the entry is
+stale), and so does a whole run in which a template matched nothing (frontend/ledger.py).
+Where the Thunder version is unknown no entry covers anything. An entry that names the cell
+and would explain a failure but holds for other versions only excuses nothing either: the
+failing item's message names it (``known_elsewhere``).
 
 A file that cannot be read, is not TOML, or holds an unknown or missing field, a bad template
-or a bad specifier raises ``XfailsError`` with one line naming the file (and the entry's line).
+or a bad specifier raises ``XfailsError`` with one line naming the file and the line.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,20 +38,12 @@ else:
     import tomli as tomllib
 
 from conformance.checks.registry import AREAS
+from conformance.frontend.templates import BACKEND, Template, template_of, template_pattern, when_names
 from conformance.matrix.cells import AXES, Cell
 
-# what ``{}`` in a template stands for: one int or decimal, optionally signed, with an
-# exponent, or a float that is not finite (a check prints nan and inf as they are)
-NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
-PLACEHOLDER = "{}"
-# what ``{name}`` stands for: one parameter, buffer or output name (dotted, as checks print it)
-NAME = r"[\w.]+"
-PLACEHOLDERS = {PLACEHOLDER: NUMBER, "{name}": NAME}
 FIELDS = ("area", "when", "thunder", "failures", "reason", "link")
-# what ``when`` may name beside the axes: the process group backend of the session (a failure
-# that only one backend's devices show: a CUDA-only code path on a gloo world of CPUs)
-BACKEND = "backend"
 _HEADER = re.compile(r"^\s*\[\[\s*xfail\s*\]\]")
+__all__ = ["Expectation", "KnownElsewhere", "KnownNonConformance", "XfailsError", "load", "template_pattern"]
 
 
 class KnownNonConformance(AssertionError):
@@ -63,37 +54,20 @@ class XfailsError(ValueError):
     """An xfails file that cannot be used; its message is one line naming the file."""
 
 
-def template_pattern(template: str) -> re.Pattern[str]:
-    """The regex a failure message must match in full: the literal parts of ``template``
-    escaped, each ``{}`` one number. Raises ValueError for any other brace."""
-    if not template.strip():
-        raise ValueError("a template is empty")
-    parts = re.split("(" + "|".join(map(re.escape, PLACEHOLDERS)) + ")", template)
-    pattern = []
-    for i, part in enumerate(parts):
-        if i % 2:  # the separators re.split kept: placeholders
-            pattern.append(f"(?:{PLACEHOLDERS[part]})")
-        elif "{" in part or "}" in part:
-            raise ValueError(f"template {template!r}: a brace other than {{}} (one number) or {{name}} (one name)")
-        else:
-            pattern.append(re.escape(part))
-    return re.compile("".join(pattern))
-
-
 @dataclasses.dataclass(frozen=True)
 class Expectation:
     area: str
     when: dict[str, list[str]]
-    failures: list[str]
+    failures: list[str | dict[str, Any]]  # as written: a template, or {template, when}
     reason: str
     link: str
     thunder: list[str]
     source: str = "<xfails>"  # FILE:LINE of the entry's [[xfail]] header
-    patterns: tuple[re.Pattern[str], ...] = dataclasses.field(default=(), compare=False, repr=False)
+    templates: tuple[Template, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not self.patterns:
-            object.__setattr__(self, "patterns", tuple(template_pattern(t) for t in self.failures))
+        if not self.templates:
+            object.__setattr__(self, "templates", tuple(template_of(f, self.source) for f in self.failures))
 
     def holds_for(self, thunder_version: str | None) -> bool:
         """Whether any of the entry's specifiers contains ``thunder_version`` (prereleases
@@ -114,17 +88,33 @@ class Expectation:
     def names(self, cell: Cell, area: str, backend: str | None = None) -> bool:
         """Whether the entry names ``cell``'s ``area`` (and the session's ``backend``, where it
         names backends), whatever Thunder versions it holds for."""
-        if area != self.area:
-            return False
-        on = {BACKEND: backend}
-        value = lambda axis: on[axis] if axis in on else getattr(cell, axis)  # noqa: E731
-        return all(str(value(axis)) in map(str, values) for axis, values in self.when.items())
+        return area == self.area and when_names(self.when, cell, backend)
 
-    def explains(self, failure: str) -> bool:
+    def templates_for(self, cell: Cell | None, backend: str | None = None) -> list[int]:
+        """The indices of the templates that name ``cell`` (all of them where it is None)."""
+        return [i for i, t in enumerate(self.templates) if cell is None or t.names(cell, backend)]
+
+    def matching(
+        self,
+        failure: str,
+        derived: Mapping[str, float] | None = None,
+        cell: Cell | None = None,
+        backend: str | None = None,
+    ) -> list[int]:
+        """The indices of the templates (among those naming ``cell``) that explain ``failure``,
+        its numbers checked against ``derived``: what the kit derived for it."""
+        return [i for i in self.templates_for(cell, backend) if self.templates[i].matches(failure, derived)]
+
+    def explains(
+        self,
+        failure: str,
+        derived: Mapping[str, float] | None = None,
+        cell: Cell | None = None,
+        backend: str | None = None,
+    ) -> bool:
         # the first line: assert_close's detail lines below it (mismatch counts, the greatest
         # difference) describe the tensors, not what failed
-        head = failure.split("\n", 1)[0]
-        return any(pattern.fullmatch(head) for pattern in self.patterns)
+        return bool(self.matching(failure, derived, cell, backend))
 
 
 def first_sentence(text: str) -> str:
@@ -154,10 +144,11 @@ def known_elsewhere(
     backend: str | None,
     entries: list[Expectation],
     unexpected: list[str],
+    derived: Mapping[str, Mapping[str, float]] | None = None,
 ) -> list[KnownElsewhere]:
     """The entries naming ``cell``'s ``area`` that do not hold for ``thunder_version`` but would
-    explain some of the ``unexpected`` failures (those no entry holding for it explains), one
-    each, in file order."""
+    explain some of the ``unexpected`` failures (those no entry holding for it explains; their
+    numbers checked against ``derived``: failure -> what the kit derived), one each, in file order."""
     if thunder_version is None:
         tested = "; the version under test is unknown"
     else:
@@ -170,7 +161,11 @@ def known_elsewhere(
     for entry in entries:
         if entry.holds_for(thunder_version) or not entry.names(cell, area, backend):
             continue
-        explained = [failure.split("\n", 1)[0] for failure in unexpected if entry.explains(failure)]
+        explained = [
+            failure.split("\n", 1)[0]
+            for failure in unexpected
+            if entry.explains(failure, (derived or {}).get(failure), cell, backend)
+        ]
         if not explained:
             continue
         which = ""
@@ -193,7 +188,7 @@ def _display(path: Path) -> str:
         return str(path)
 
 
-def _entry(raw: Any, where: str) -> Expectation:
+def _entry(raw: Any, where: str, template_sources: list[str] | None = None) -> Expectation:
     def bad(why: str) -> XfailsError:
         return XfailsError(f"xfails file {where}: {why}")
 
@@ -218,9 +213,12 @@ def _entry(raw: Any, where: str) -> Expectation:
             raise bad(f"when: unknown axis {axis!r} (axes: {', '.join(AXES)}; or {BACKEND})")
         if not isinstance(values, list) or not values:
             raise bad(f"when: {axis} must be a non-empty list of values")
-    for field in ("thunder", "failures"):
-        if not isinstance(raw[field], list) or not raw[field] or not all(isinstance(s, str) for s in raw[field]):
-            raise bad(f"{field} must be a non-empty list of strings")
+    if (
+        not isinstance(raw["thunder"], list)
+        or not raw["thunder"]
+        or not all(isinstance(x, str) for x in raw["thunder"])
+    ):
+        raise bad("thunder must be a non-empty list of strings")
     for spec in raw["thunder"]:
         if not spec.strip():
             raise bad("thunder: an empty specifier would hold for every version")
@@ -228,11 +226,35 @@ def _entry(raw: Any, where: str) -> Expectation:
             SpecifierSet(spec)
         except InvalidSpecifier:
             raise bad(f"thunder: {spec!r} is not a PEP 440 version specifier (e.g. '==0.2.6')") from None
-    try:
-        patterns = tuple(template_pattern(t) for t in raw["failures"])
-    except ValueError as exc:
-        raise bad(f"failures: {exc}") from None
-    return Expectation(**raw, source=where, patterns=patterns)
+    failures = raw["failures"]
+    if not isinstance(failures, list) or not failures:
+        raise bad("failures must be a non-empty list of templates (strings, or {template, when} tables)")
+    sources = list(template_sources or [])
+    sources += [where] * (len(failures) - len(sources))
+    templates = []
+    for failure, source in zip(failures, sources, strict=False):
+        try:
+            templates.append(template_of(failure, source))
+        except ValueError as exc:
+            raise XfailsError(f"xfails file {source}: failures: {exc}") from None
+    return Expectation(**raw, source=where, templates=tuple(templates))
+
+
+def _template_lines(lines: list[str], start: int, end: int, failures: Any, name: str) -> list[str]:
+    """FILE:LINE of each template of the entry whose header is line ``start`` (1-based; its
+    text ends before line ``end``): the first line from there on that holds the template's
+    text, as written in TOML; the entry's line where none does."""
+    out = []
+    at = start
+    for raw in failures if isinstance(failures, list) else []:
+        text = raw.get("template") if isinstance(raw, dict) else raw
+        found = start
+        if isinstance(text, str):
+            written = (text, json.dumps(text)[1:-1])
+            found = next((n for n in range(at, end) if any(w in lines[n - 1] for w in written)), start)
+            at = found if found != start else at
+        out.append(f"{name}:{found}")
+    return out
 
 
 def load(path: Path) -> list[Expectation]:
@@ -254,5 +276,12 @@ def load(path: Path) -> list[Expectation]:
         raise XfailsError(f"xfails file {name}: xfail must be an array of tables ([[xfail]])")
     lines = _header_lines(text)
     if len(lines) != len(entries):  # headers hidden in strings or written inline: no line to name
-        lines = [None] * len(entries)
-    return [_entry(entry, f"{name}:{line}" if line else name) for entry, line in zip(entries, lines, strict=True)]
+        return [_entry(entry, name) for entry in entries]
+    rows = text.splitlines()
+    ends = [*lines[1:], len(rows) + 1]
+    return [
+        _entry(entry, f"{name}:{line}", _template_lines(rows, line, end, entry.get("failures"), name))
+        if isinstance(entry, dict)
+        else _entry(entry, f"{name}:{line}")
+        for entry, line, end in zip(entries, lines, ends, strict=True)
+    ]

@@ -69,6 +69,15 @@ def summary(
                 # what xfails entries for other Thunder versions would explain, though the findings fill the lines
                 first += [k["note"] for k in c.get("known_elsewhere", []) if k["note"] not in first]
                 lines += [f"### `{c['id']}`", "", "```", *first, "```", "", f"Repro: `{repro(c['id'])}`", ""]
+    stale = (report.get("xfail_templates") or {}).get("stale", [])
+    if stale:
+        lines += ["## Stale xfails templates: the run fails", ""]
+        lines += [
+            f"- `{s['template']}` (entry `{s['entry']}`): `{s['text']}` matched no failure of the "
+            f"{s['items']} items it names: remove it, or narrow its `when`"
+            for s in stale
+        ]
+        lines.append("")
     xfailed = [c for c in report["cells"] if c["outcome"] == "xfailed"]
     if xfailed:
         lines += ["## Known non-conformances (xfails file)", ""]

@@ -13,7 +13,7 @@ import datetime
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -32,14 +32,26 @@ from conformance.reports.time_share import time_share
 PART_OF_SUITE = "This run asked for part of the suite: the baseline's items it did not run set no exit status."
 
 
+class Judged(Protocol):
+    """What the report writes of per template staleness (conformance/frontend/ledger.py's Ledger)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
 class Reporter:
     def __init__(
-        self, report_dir: Path, session: SessionInfo, baseline: Path | None = None, whole_run: bool = True
+        self,
+        report_dir: Path,
+        session: SessionInfo,
+        baseline: Path | None = None,
+        whole_run: bool = True,
+        ledger: Judged | None = None,
     ) -> None:
         self.dir = report_dir
         self.session = session
         # a run of part of the suite (-k, a path) misses the baseline's other items without losing them
         self.whole_run = whole_run
+        self.ledger = ledger  # judged before this writer's session end (its hook runs first)
         # read now: the run may write its report.json over the baseline's (the same folder)
         self.baseline = (str(baseline), read_report(baseline)) if baseline is not None else None
         self.records: dict[str, dict[str, Any]] = {}
@@ -69,6 +81,8 @@ class Reporter:
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        # the ledger's stale templates may have set it after pytest passed ``exitstatus``
+        exitstatus = getattr(session, "exitstatus", exitstatus)
         records = list(self.records.values())
         counts: dict[str, int] = {}
         # coverage is of the cells that ran: one reported unsupported tested nothing
@@ -94,6 +108,8 @@ class Reporter:
             "worlds_started": len({r["cell"] for r in records if r.get("metrics", {}).get("world_start_s", 0) > 0}),
             "isolate": self.session.isolate,
             "time_share": time_share(records).to_json(),
+            # per template staleness (frontend/ledger.py): whether it was judged, and the stale ones
+            "xfail_templates": self.ledger.to_json() if self.ledger is not None else None,
             "counts": counts,
             "cells": records,
         }

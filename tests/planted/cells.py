@@ -39,6 +39,7 @@ BF16_FSDP: Pred = lambda cell: BF16(cell) and FSDP(cell)  # noqa: E731
 BF16_DDP: Pred = lambda cell: BF16(cell) and DDP(cell)  # noqa: E731
 # FSDP materialized from the state dict the kit shards: Thunder loads it with load_state_dict
 TRANSFORMED_SD: Pred = lambda cell: cell.init == "meta_transformed_sd" and not DDP(cell)  # noqa: E731
+ZERO3_FSDP: Pred = lambda cell: cell.sharding == "zero3" and FSDP(cell)  # noqa: E731
 FROZEN_JIT_FSDP: Pred = lambda cell: FROZEN(cell) and cell.composition == "jit_fsdp"  # noqa: E731
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conformance.frontend import xfails
+from conformance.frontend import ledger, xfails
 from conformance.frontend.verdict import Conformance
 from conformance.matrix.cells import Cell
 from conformance.reports.comparison import compare
@@ -24,9 +24,11 @@ from tests.support.suite_runs import ROOT
 
 CELL = Cell("tied_lm", "real", "fsdp_jit", bucketing="layer")
 AREA = "collectives"
-TEMPLATE = "forward all_gathers: expected {}, got {} (the count without bucketing)"
+TEMPLATE = "forward all_gathers: expected {expected}, got {unbucketed} (the count without bucketing)"
 FAILURE = "forward all_gathers: expected 3, got 6 (the count without bucketing)"
 OTHER = "backward reduce_scatters: expected 3, got 7"  # explained by no entry of any version
+# what the kit derived for each failure: the cell expects 3 all-gathers, 6 without bucketing
+DERIVED = {FAILURE: {"expected": 3, "unbucketed": 6}, OTHER: {"expected": 3, "unbucketed": 6}}
 REASON = "bucketing_strategy is stored but not applied. One all-gather per parameter, as with NONE."
 REPRO = "repro: python -m pytest conformance/test_collectives.py"
 NODE = f"conformance/test_collectives.py::test_collectives[{CELL.id}]"
@@ -46,9 +48,15 @@ def entry(**fields: Any) -> xfails.Expectation:
 
 
 def judge(
-    entries: list[xfails.Expectation], version: str | None, *failures: str, cell: Cell = CELL, area: str = AREA
+    entries: list[xfails.Expectation],
+    version: str | None,
+    *failures: str,
+    cell: Cell = CELL,
+    area: str = AREA,
+    derived: dict[str, dict[str, float]] | None = None,
 ) -> tuple[type[BaseException] | None, str, list[tuple[str, str]]]:
-    """The exception the verdict raised (None: conforms), its message, and the item's user_properties."""
+    """The exception the verdict raised (None: conforms), its message, and the item's
+    user_properties but the templates' ledger (tests/unit/test_template_ledger.py)."""
     backend = "gloo"
     runner = SimpleNamespace(
         expectations=entries,
@@ -58,10 +66,15 @@ def judge(
     )
     node = SimpleNamespace(user_properties=[])
     try:
-        Conformance(runner, node)._judge(cell, area, {f: [0, 1] for f in failures}, REPRO, record=True)  # type: ignore[arg-type]
+        found = {f: [0, 1] for f in failures}
+        Conformance(runner, node)._judge(cell, area, found, REPRO, record=True, derived=derived or DERIVED)  # type: ignore[arg-type]
     except (pytest.fail.Exception, xfails.KnownNonConformance) as exc:
-        return type(exc), str(exc), node.user_properties
-    return None, "", node.user_properties
+        return type(exc), str(exc), _without_ledger(node.user_properties)
+    return None, "", _without_ledger(node.user_properties)
+
+
+def _without_ledger(props: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in props if k != ledger.PROPERTY]
 
 
 NOTE = (
@@ -117,7 +130,8 @@ def test_an_item_failing_on_the_declared_version_names_no_entry_it_already_holds
         entry(area="memory"),  # another area
         entry(when={"bucketing": ["block"]}),  # other cells
         entry(when={"bucketing": ["layer"], "backend": ["nccl"]}),  # another backend
-        entry(failures=["forward all_gathers: expected {}, got 0 (the count under ZERO2)"]),  # other failures
+        entry(failures=["forward all_gathers: expected {expected}, got 0 (the count under ZERO2)"]),  # other failures
+        entry(failures=["forward all_gathers: expected {expected}, got {expected} (the count without bucketing)"]),
     ],
 )
 def test_an_entry_that_would_not_explain_the_failure_here_adds_nothing(other: xfails.Expectation) -> None:
@@ -155,7 +169,8 @@ def test_the_record_summary_and_comparison_show_it(tmp_path: Path) -> None:
     known_elsewhere, summary.md shows the line past the findings it prints, and a comparison
     with a run where the item passed names the versions beside the regression."""
     findings = [f"forward all_gathers: expected {n}, got {n + 3} (the count without bucketing)" for n in range(14)]
-    _, message, props = judge([entry()], "0.2.6.dev0", *findings)
+    derived = {f: {"expected": n, "unbucketed": n + 3} for n, f in enumerate(findings)}
+    _, message, props = judge([entry()], "0.2.6.dev0", *findings, derived=derived)
     session = SessionInfo("gloo", 2, "ci", False, ROOT / "xfails.toml", True)
     reporter = Reporter(tmp_path / "report", session)
     for when, outcome, longrepr in (("call", "failed", message), ("teardown", "passed", None)):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from conformance.checks.derived import printed
 from conformance.checks.findings import Findings, strict_unless_finite
 from conformance.checks.numerics.tolerances import EAGER_ERROR_FACTOR, Tensors, gradient_allowance, rounding
 from conformance.checks.record import ParametersAfter, StepRecord
@@ -73,7 +74,8 @@ def judge_update(
     step = stage[-1]
     after, optimizer = step.after, OPTIMIZERS[step.optimizer]
     for n, g_after in (after.twin or {}).items():
-        with found.expect(f"update at step {k} ({optimizer.name}) [{n}]"):
+        derived: dict[str, float] = {}  # filled as the check derives it: a failure before names none
+        with found.expect(f"update at step {k} ({optimizer.name}) [{n}]", derived):
             t_after, t_before = after.thunder.get(n), before.thunder.get(n)
             assert t_after is not None and t_before is not None, "missing"
             assert t_after.shape == g_after.shape, f"shape {tuple(t_after.shape)}, expected {tuple(g_after.shape)}"
@@ -88,6 +90,13 @@ def judge_update(
             allowed = moved[n].norm().item() if n in moved else 0.0
             bound = EAGER_ERROR_FACTOR * max(eager_err, floor) + allowed
             bound = strict_unless_finite(bound)
+            derived.update(
+                twin_size=printed(twin.norm().item()),
+                eager_distance=printed(eager_err),
+                rounding=printed(floor),
+                optimizer_allowance=printed(allowed),
+                bound=printed(bound),
+            )
             worst = max(worst, thunder_err / bound if bound else (0.0 if thunder_err == 0 else float("inf")))
             assert thunder_err == thunder_err and thunder_err <= bound, (
                 f"the update is {thunder_err:.3g} away from the float32 twin's (size {twin.norm().item():.3g}); "

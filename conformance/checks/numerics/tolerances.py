@@ -20,6 +20,7 @@ import dataclasses
 
 import torch
 
+from conformance.checks.derived import printed
 from conformance.checks.findings import Findings, strict_unless_finite
 from conformance.checks.record import RankGradients, StepRecord
 
@@ -73,9 +74,7 @@ class Local:
     dtype: torch.dtype
 
     @classmethod
-    def of(
-        cls, ranks: RankGradients | None, twin: Tensors | None, additions: int, dtype: torch.dtype
-    ) -> Local | None:
+    def of(cls, ranks: RankGradients | None, twin: Tensors | None, additions: int, dtype: torch.dtype) -> Local | None:
         return None if ranks is None or twin is None else cls(ranks, twin, additions, dtype)
 
     def error(self, n: str) -> torch.Tensor | None:
@@ -169,9 +168,11 @@ def _as_whole(
             bound += extra[n].norm().item()
         bound = strict_unless_finite(bound)
         worst = max(worst, thunder_err / bound if bound else (0.0 if thunder_err == 0 else float("inf")))
-        with found.expect(f"{what} [{n}] as a whole"):
+        size = g.double().norm().item()
+        derived = {"twin_size": printed(size), "eager_distance": printed(eager_err), "bound": printed(bound)}
+        with found.expect(f"{what} [{n}] as a whole", derived):
             assert thunder_err <= bound, (
-                f"{thunder_err:.3g} away from the float32 twin (size {g.double().norm().item():.3g}); "
+                f"{thunder_err:.3g} away from the float32 twin (size {size:.3g}); "
                 f"eager is {eager_err:.3g} away: bound {bound:.3g}"
             )
     found.metrics[f"{what} distance / bound (worst)"] = worst
