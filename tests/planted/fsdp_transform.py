@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.planted.cells import ALL, BROADCAST, BUFFERED, FROZEN, FROZEN_JIT_FSDP, NONE, TIED
+from tests.planted.cells import ALL, BROADCAST, FROZEN, FROZEN_JIT_FSDP, NONE, RANDOM_BUFFER, TIED
 from tests.planted.record import Expect, planted
 
 
@@ -135,10 +135,10 @@ def frozen_parameters_trained() -> Iterator[None]:
 # it; the ranks then train different functions, which numerics may see too.
 @planted(
     {
-        "materialization": Expect(lambda c: BROADCAST(c) and BUFFERED(c), NONE, "buffers on every rank"),
-        "numerics": Expect(NONE, lambda c: BROADCAST(c) and BUFFERED(c)),
+        "materialization": Expect(lambda c: BROADCAST(c) and RANDOM_BUFFER(c), NONE, "buffers on every rank"),
+        "numerics": Expect(NONE, lambda c: BROADCAST(c) and RANDOM_BUFFER(c)),
     },
-    cells=(lambda c: BROADCAST(c) and BUFFERED(c), lambda c: BROADCAST(c) and not BUFFERED(c)),
+    cells=(lambda c: BROADCAST(c) and RANDOM_BUFFER(c), lambda c: BROADCAST(c) and not RANDOM_BUFFER(c)),
 )
 @contextlib.contextmanager
 def buffers_not_broadcast() -> Iterator[None]:

@@ -1,0 +1,120 @@
+"""ci's coverage contract: the combinations a regression nearly always needs, met in some cell.
+
+A distributed regression usually needs three things together: something the model has (a
+*feature*, conformance/matrix/features.py), the transform family that mishandles it (FSDP or
+DDP) and what is done with the module (the scenario). A pairwise array over model names
+does not see features: a model stands for a bundle of them, and the bundle meets each
+scenario under one family only. So ci promises, beside every pair of axis values:
+
+- every (feature, family, scenario) that some allowed cell has;
+- every (feature, init) where the init treats the feature specially (``SPECIAL_INITS``).
+
+Its generator meets them (``arrays.grown``: a greedy top-up over the pairwise array), and a
+run reports what its cells left unmet beside the unmet pairs (``unmet_contract``).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
+
+from conformance.matrix.axes import pairwise_values, valid
+from conformance.matrix.cells import Cell
+from conformance.matrix.features import FEATURES, features
+from fixtures.compositions import COMPOSITIONS
+from fixtures.inits import INITS, InitMode
+
+# An item of the contract: ((name, value), ...) in the order of ``ITEM_AXES``.
+Item = tuple[tuple[str, Any], ...]
+ITEM_AXES = ("feature", "family", "scenario", "init")
+
+# The inits that treat a feature specially, so that a feature meets each of them: a meta
+# init materializes buffers and the root's own tensors (through reset_parameters or a state
+# dict), a broadcast must carry a buffer drawn at random on each rank, and a state dict names
+# a tied weight twice.
+SPECIAL_INITS: dict[str, Callable[[InitMode], bool]] = {
+    "trained_buffer": lambda i: i.on_meta,
+    "persistent_buffer": lambda i: i.on_meta,
+    "random_buffer": lambda i: i.on_meta or i.broadcast,
+    "root_owned": lambda i: i.on_meta,
+    "tie": lambda i: i.state_dict is not None,
+}
+assert set(SPECIAL_INITS) <= set(FEATURES)
+
+
+def family(composition: str) -> str:
+    """The transform family of a composition: DDP's replicate, FSDP's shard."""
+    return "ddp" if COMPOSITIONS[composition].replicated else "fsdp"
+
+
+def items_of(row: dict[str, Any]) -> frozenset[Item]:
+    """The contract's items a cell (or a row of an array being grown) meets."""
+    spec = row.get("spec")
+    found = features(row["model"], row["tie"], row.get("world_size", 2), spec)
+    fam = family(row["composition"])
+    out = {(("feature", f), ("family", fam), ("scenario", row["scenario"])) for f in found}
+    out |= {
+        (("feature", f), ("init", row["init"]))
+        for f in found
+        if f in SPECIAL_INITS and SPECIAL_INITS[f](INITS[row["init"]])
+    }
+    return frozenset(out)
+
+
+def contracted(values: dict[str, list[Any]]) -> frozenset[Item]:
+    """Every item some allowed row over ``values`` (an array's values) meets."""
+    return _contracted(tuple((a, tuple(v)) for a, v in values.items() if a in _ROW_AXES))
+
+
+_ROW_AXES = ("model", "tie", "composition", "init", "scenario", "world_size")
+
+
+@functools.cache
+def _contracted(values: tuple[tuple[str, tuple[Any, ...]], ...]) -> frozenset[Item]:
+    axes = dict(values)
+    out: set[Item] = set()
+    for combo in itertools.product(*(axes[a] for a in _ROW_AXES)):
+        row = dict(zip(_ROW_AXES, combo, strict=True))
+        if valid(row):
+            out |= items_of(row)
+    return frozenset(out)
+
+
+def unmet_contract(
+    ran: Iterable[Cell], world_size: int, unsupported: Collection[str] = (), profile: str = "ci"
+) -> list[dict[str, Any]]:
+    """The contract's items (over the values ``profile``'s array ranges over at
+    ``world_size``) that none of the real cells that ran meets, as ``{name: value, ...}``,
+    each with ``covered_by``: the first larger profile whose cells meet it."""
+    met: set[Item] = set()
+    for cell in ran:
+        if not cell.simulated:
+            met |= items_of(cell.__dict__)
+    wanted = contracted(pairwise_values(profile, world_size, unsupported))
+    unmet = sorted(wanted - met, key=_order)
+    return [{**dict(item), "covered_by": _covered_by(item, profile, world_size, tuple(unsupported))} for item in unmet]
+
+
+def _order(item: Item) -> tuple:
+    return tuple((ITEM_AXES.index(a), FEATURES.index(v) if a == "feature" else str(v)) for a, v in item)
+
+
+def _covered_by(item: Item, profile: str, world_size: int, unsupported: tuple[str, ...]) -> str:
+    """nightly where its cells meet ``item``; else full, whose product meets every allowed one."""
+    if profile in ("ci", "smoke") and item in _nightly_items(world_size, unsupported):
+        return "nightly"
+    return "full"
+
+
+@functools.cache
+def _nightly_items(world_size: int, unsupported: tuple[str, ...]) -> frozenset[Item]:
+    from conformance.matrix.profiles import cells
+
+    return frozenset(
+        i
+        for c in cells("nightly", world_size, dict.fromkeys(unsupported, ""))
+        if not c.simulated and c.composition not in unsupported
+        for i in items_of(c.__dict__)
+    )
