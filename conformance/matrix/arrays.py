@@ -36,13 +36,14 @@ def covering(values: dict[str, list[Any]], strength: int = 2) -> Iterator[Cell]:
         yield Cell(**row)
 
 
-def grown(values: dict[str, list[Any]]) -> Iterator[Cell]:
+def grown(values: dict[str, list[Any]], contract: bool = True) -> Iterator[Cell]:
     """ci's array: pairwise over every axis but the composition and the scenario, then grown
     by each in turn (conformance/matrix/growth.py). A composition costs a cell nothing more,
     so DDP's take rows of the array (those at FSDP's default sharding: it does not apply to
     them) instead of an array of their own; a scenario beyond training compiles again, so each
     lands on the cells whose second compilation costs least for the pairs it meets. (An
-    array of covertable's over every axis would be far larger and slower to run.)"""
+    array of covertable's over every axis would be far larger and slower to run.) Then the
+    coverage contract is met (``contract``; without it, the pairwise array alone)."""
     from conformance.matrix.growth import grow
 
     rest = {a: v for a, v in values.items() if a not in ("composition", "scenario")}
@@ -58,7 +59,7 @@ def grown(values: dict[str, list[Any]]) -> Iterator[Cell]:
     beyond = [s for s in values["scenario"] if s != DEFAULT_SCENARIO]
     scenarios = [DEFAULT_SCENARIO, *sorted(beyond, key=lambda s: -SCENARIO_COMPILATIONS[s])]
     rows = grow(rows, "scenario", scenarios, rest, valid, _scenario_cost)
-    for row in _topped_up(rows, values):
+    for row in _topped_up(rows, values) if contract else rows:
         yield Cell(**row)
 
 
