@@ -83,42 +83,36 @@ def _contracted(values: tuple[tuple[str, tuple[Any, ...]], ...]) -> frozenset[It
 
 
 def unmet_contract(
-    ran: Iterable[Cell], world_size: int, unsupported: Collection[str] = (), profile: str = "ci", name: bool = True
+    ran: Iterable[Cell],
+    world_size: int,
+    unsupported: Collection[str] = (),
+    profile: str = "ci",
+    nightly: Iterable[Cell] | None = None,
 ) -> list[dict[str, Any]]:
     """The contract's items (over every axis's values at ``world_size``, those in
     ``unsupported`` left out) that none of the real cells that ran meets, as
-    ``{name: value, ...}``; with ``name``, each with ``covered_by``: a profile whose cells
-    meet it (ci meets every one; beyond ci, nightly where its cells do, else full)."""
+    ``{name: value, ...}``, each with ``covered_by`` where known: ci, whose generator meets
+    every one (a kit test holds it to that), for another profile; for ci, nightly where its
+    cells (``nightly``, given) meet it, else full, whose product meets every allowed one."""
+    wanted = contracted(pairwise_values("ci", world_size, unsupported))
+    unmet = sorted(wanted - _met(ran), key=_order)
+    if profile == "ci" and nightly is None:
+        return [dict(item) for item in unmet]
+    by_nightly = _met(nightly or ())
+    return [
+        {**dict(item), "covered_by": "ci" if profile != "ci" else "nightly" if item in by_nightly else "full"}
+        for item in unmet
+    ]
+
+
+def _met(cells: Iterable[Cell]) -> set[Item]:
+    """The items the real cells meet (a simulated one checks no numerics and no state dict)."""
     met: set[Item] = set()
-    for cell in ran:
+    for cell in cells:
         if not cell.simulated:
             met |= items_of(cell.__dict__)
-    wanted = contracted(pairwise_values("ci", world_size, unsupported))
-    unmet = sorted(wanted - met, key=_order)
-    if not name:
-        return [dict(item) for item in unmet]
-    return [{**dict(item), "covered_by": _covered_by(item, profile, world_size, tuple(unsupported))} for item in unmet]
+    return met
 
 
 def _order(item: Item) -> tuple:
     return tuple((ITEM_AXES.index(a), FEATURES.index(v) if a == "feature" else str(v)) for a, v in item)
-
-
-def _covered_by(item: Item, profile: str, world_size: int, unsupported: tuple[str, ...]) -> str:
-    """ci, whose generator meets every item (a kit test holds it to that); from ci, nightly
-    where its cells meet ``item``, else full, whose product meets every allowed one."""
-    if profile != "ci":
-        return "ci"
-    return "nightly" if item in _items_of_profile("nightly", world_size, unsupported) else "full"
-
-
-@functools.cache
-def _items_of_profile(profile: str, world_size: int, unsupported: tuple[str, ...]) -> frozenset[Item]:
-    from conformance.matrix.profiles import cells
-
-    return frozenset(
-        i
-        for c in cells(profile, world_size, dict.fromkeys(unsupported, ""))
-        if not c.simulated and c.composition not in unsupported
-        for i in items_of(c.__dict__)
-    )
