@@ -36,13 +36,14 @@ def covering(values: dict[str, list[Any]], strength: int = 2) -> Iterator[Cell]:
         yield Cell(**row)
 
 
-def grown(values: dict[str, list[Any]]) -> Iterator[Cell]:
+def grown(values: dict[str, list[Any]], contract: bool = True) -> Iterator[Cell]:
     """ci's array: pairwise over every axis but the composition and the scenario, then grown
     by each in turn (conformance/matrix/growth.py). A composition costs a cell nothing more,
     so DDP's take rows of the array (those at FSDP's default sharding: it does not apply to
     them) instead of an array of their own; a scenario beyond training compiles again, so each
     lands on the cells whose second compilation costs least for the pairs it meets. (An
-    array of covertable's over every axis would be far larger and slower to run.)"""
+    array of covertable's over every axis would be far larger and slower to run.) Then the
+    coverage contract is met (``contract``; without it, the pairwise array alone)."""
     from conformance.matrix.growth import grow
 
     rest = {a: v for a, v in values.items() if a not in ("composition", "scenario")}
@@ -57,8 +58,63 @@ def grown(values: dict[str, list[Any]]) -> Iterator[Cell]:
     # fresh composition where FSDP's takes two)
     beyond = [s for s in values["scenario"] if s != DEFAULT_SCENARIO]
     scenarios = [DEFAULT_SCENARIO, *sorted(beyond, key=lambda s: -SCENARIO_COMPILATIONS[s])]
-    for row in grow(rows, "scenario", scenarios, rest, valid, _scenario_cost):
+    rows = grow(rows, "scenario", scenarios, rest, valid, _scenario_cost)
+    for row in _topped_up(rows, values) if contract else rows:
         yield Cell(**row)
+
+
+def _topped_up(rows: list[dict[str, Any]], values: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The grown array with the coverage contract met (conformance/matrix/contract.py): rows
+    change their scenario or composition where every pair stays met, or a row is added, the
+    cheapest way first; then rows nothing needs any more go."""
+    from conformance.matrix.contract import contracted, family, items_of
+    from conformance.matrix.features import FEATURES, features
+    from conformance.matrix.growth import top_up
+
+    axes = [a for a in AXES if a in values]
+    pairs = frozenset(
+        p
+        for a, b in itertools.combinations(axes, 2)
+        for p in (((a, x), (b, y)) for x in values[a] for y in values[b])
+        if valid(dict(p))
+    )
+
+    def meets(row: dict[str, Any]) -> frozenset:
+        return frozenset(itertools.combinations([(a, row[a]) for a in axes], 2)) | items_of(row)
+
+    def changes(row: dict[str, Any]) -> list[dict[str, Any]]:
+        out = ({**row, "scenario": s, "composition": c} for s in values["scenario"] for c in values["composition"])
+        return [r for r in out if r != row and valid(r)]
+
+    # the models (and ties) that have each feature: a row made to meet an item takes one
+    having = {
+        (f, ws): [
+            {"model": m, "tie": t}
+            for m in values["model"]
+            for t in values["tie"]
+            if valid({"model": m, "tie": t}) and f in features(m, t, ws)
+        ]
+        for f in FEATURES
+        for ws in values["world_size"]
+    }
+
+    def additions(item: tuple, row: dict[str, Any]) -> list[dict[str, Any]]:
+        if not isinstance(item[0], tuple) or item[0][0] != "feature":
+            return []  # a pair: the array met it already
+        want = dict(item)
+        ws = row["world_size"]
+        models = [{}] if want["feature"] in features(row["model"], row["tie"], ws) else having[want["feature"], ws]
+        fixed = {a: want[a] for a in ("scenario", "init") if a in want}
+        comps = [{}]
+        if "family" in want and family(row["composition"]) != want["family"]:
+            comps = [{"composition": c} for c in values["composition"] if family(c) == want["family"]]
+        out = ({**row, **m, **c, **fixed} for m in models for c in comps)
+        return [r for r in out if valid(r)]
+
+    def cost(row: dict[str, Any]) -> float:
+        return MODELS[row["model"]].trace_s + _scenario_cost(row, row["scenario"])
+
+    return top_up(rows, meets, pairs | contracted(values), changes, additions, cost)
 
 
 # about how many compilations of the cell's model a scenario adds: a forward alone for

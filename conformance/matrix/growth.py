@@ -102,3 +102,76 @@ def grow(
             raise ValueError(f"no row can carry {other}={value!r} with {axis}={new!r}")
         added.append(({**base, other: value, axis: new}, {other, axis}))
     return [*(r for r in grown if r is not None), *(row for row, _ in added)]
+
+
+Key = Any
+
+
+def top_up(
+    rows: Sequence[Row],
+    meets: Callable[[Row], frozenset[Key]],
+    wanted: frozenset[Key],
+    changes: Callable[[Row], list[Row]],
+    additions: Callable[[Key, Row], list[Row]],
+    cost: Callable[[Row], float],
+) -> list[Row]:
+    """``rows`` with every key of ``wanted`` that some candidate meets met, at a greedy least
+    cost, and then without the rows nothing needs. ``meets(row)``: the keys a row meets (its
+    pairs of values, the contract's items); ``changes(row)``: the row with a free axis changed
+    (its scenario, its composition), each a candidate that takes the row's place where every
+    key the row alone met stays met; ``additions(key, row)``: new rows that meet ``key``, made
+    from ``row``. Each step takes the candidate that meets the most unmet keys for what it
+    adds to ``cost``; then the rows whose every key another row meets too go, costliest first
+    (the contract's rows can make pairwise ones redundant)."""
+    rows = [dict(r) for r in rows]
+    met = [meets(r) & wanted for r in rows]
+    counts: dict[Key, int] = {}
+    for keys in met:
+        for k in keys:
+            counts[k] = counts.get(k, 0) + 1
+    unmet = {k for k in wanted if k not in counts}
+
+    def account(keys: frozenset[Key], step: int) -> None:
+        for k in keys:
+            counts[k] = counts.get(k, 0) + step
+            if counts[k]:
+                unmet.discard(k)
+            else:
+                del counts[k]
+                unmet.add(k)
+
+    while unmet:
+        best: tuple[float, int, Row, frozenset[Key]] | None = None  # (score, row or -1, candidate, keys)
+        for i, row in enumerate(rows):
+            alone = {k for k in met[i] if counts[k] == 1}
+            for changed in changes(row):
+                keys = meets(changed) & wanted
+                gain = len(keys & unmet)
+                if gain and alone <= keys:
+                    score = gain / max(cost(changed) - cost(row), 1e-3)
+                    if best is None or score > best[0]:
+                        best = (score, i, changed, keys)
+        for key in sorted(unmet, key=str):
+            for row in rows:
+                for added in additions(key, row):
+                    keys = meets(added) & wanted
+                    score = len(keys & unmet) / max(cost(added), 1e-3)
+                    if key in keys and (best is None or score > best[0]):
+                        best = (score, -1, added, keys)
+        if best is None:
+            break  # what no candidate meets stays unmet (the caller's contract says so)
+        _, i, row, keys = best
+        if i < 0:
+            rows.append(row)
+            met.append(keys)
+        else:
+            account(met[i], -1)
+            rows[i], met[i] = row, keys
+        account(keys, +1)
+
+    for i in sorted(range(len(rows)), key=lambda i: -cost(rows[i])):
+        if all(counts[k] > 1 for k in met[i]):
+            account(met[i], -1)
+            met[i] = frozenset()
+            rows[i] = {}
+    return [r for r in rows if r]

@@ -97,10 +97,12 @@ def _runnable(cell: Cell, unsupported: Collection[str]) -> Cell | None:
     return cell
 
 
-def cells(profile: str, world_size: int, unsupported: Mapping[str, str]) -> list[Cell]:
+def cells(profile: str, world_size: int, unsupported: Mapping[str, str], contract: bool = True) -> list[Cell]:
     """The profile's cells at the session's world size (and the boundary sizes).
     ``unsupported``: a value of a probed axis (a composition, an offload policy, an executor) -> why the
-    Thunder under test does not offer it, as the worlds' probe found."""
+    Thunder under test does not offer it, as the worlds' probe found. ``contract``: ci's array
+    meets the coverage contract (conformance/matrix/contract.py); without it, ci's array is
+    the pairwise one alone (the kit's tests show what the contract adds)."""
     if profile == "smoke":
         return list(dict.fromkeys(_smoke(world_size)))
     if profile == "scale":
@@ -109,7 +111,7 @@ def cells(profile: str, world_size: int, unsupported: Mapping[str, str]) -> list
     ddp = replicated_values(world_size, unsupported)
     if profile == "ci":
         picked = (_runnable(c, unsupported) for c in (*BOUNDARY_CI, *simulated.CI))
-        selected = [*grown(runs), *(c for c in picked if c is not None)]
+        selected = [*grown(runs, contract), *(c for c in picked if c is not None)]
     elif profile == "nightly":
         # every triple at the session's size; the boundary sizes get what full gives them
         # (a pairwise array each), which covers everything BOUNDARY_CI was picked for

@@ -55,6 +55,7 @@ def summary(
         for axis, values in report["coverage"].items()
     ]
     lines += ["", *_unmet(report["coverage"], report["unmet_pairs"])]
+    lines += _unmet_contract(report.get("unmet_contract"))
     lines += _memory(report, figure)
     lines += simulated.section(report, scale)
     for outcome, title in (
@@ -113,6 +114,23 @@ def _unmet(coverage: dict[str, dict[str, int]], unmet: list[dict[str, Any]], sho
     lines += [f"- {p}" for p in rest[:shown]]
     if len(rest) > shown:
         lines.append(f"- … and {len(rest) - shown} more (report.json: unmet_pairs)")
+    lines.append("")
+    return lines
+
+
+def _unmet_contract(unmet: list[dict[str, Any]] | None, shown: int = 30) -> list[str]:
+    """ci's coverage contract (docs/matrix.md#the-coverage-contract): what no cell that ran
+    met, and which profile meets it."""
+    if unmet is None:  # a report from before the contract
+        return []
+    if not unmet:
+        return ["Every contracted feature × family × scenario and feature × init met in a cell that ran.", ""]
+    lines = [f"{len(unmet)} contracted combinations met in no cell that ran:", ""]
+    for item in unmet[:shown]:
+        where = f" ({item['covered_by']} covers it)" if "covered_by" in item else ""
+        lines.append("- " + " × ".join(f"{a}={v}" for a, v in item.items() if a != "covered_by") + where)
+    if len(unmet) > shown:
+        lines.append(f"- … and {len(unmet) - shown} more (report.json: unmet_contract)")
     lines.append("")
     return lines
 

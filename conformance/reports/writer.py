@@ -17,8 +17,11 @@ from typing import Any, Protocol
 
 import pytest
 
+from conformance.matrix.axes import PROBED_AXES
 from conformance.matrix.cells import Cell
+from conformance.matrix.contract import unmet_contract
 from conformance.matrix.coverage import coverage, unmet_pairs
+from conformance.matrix.profiles import cells as profile_cells
 from conformance.reports import environment
 from conformance.reports.comparison import VANISHED, Comparison, ItemChange, compare, read_report
 from conformance.reports.comparison_markdown import markdown
@@ -104,6 +107,7 @@ class Reporter:
             "whole_run": self.whole_run,
             "coverage": coverage(ran.values(), self.session.nproc),
             "unmet_pairs": unmet_pairs(ran.values(), self.session.nproc, profile=self.session.profile),
+            "unmet_contract": contract_left(list(ran.values()), self.session, self.whole_run),
             "xfails_file": str(self.session.xfails_file),
             "worlds_started": len({r["cell"] for r in records if r.get("metrics", {}).get("world_start_s", 0) > 0}),
             "isolate": self.session.isolate,
@@ -138,6 +142,21 @@ class Reporter:
             note = None if self.whole_run else PART_OF_SUITE
             text = text.rstrip("\n") + "\n\n" + markdown(comparison, note=note)
         (self.dir / "summary.md").write_text(text)
+
+
+def contract_left(ran: list[Cell], session: SessionInfo, whole_run: bool) -> list[dict[str, Any]]:
+    """ci's coverage contract (features x family x scenario, features x special inits) that the
+    cells left unmet; for a whole ci run that left some, nightly's cells (over the values that
+    ran: a probed value no cell ran was refused) say which of them nightly meets."""
+    nightly = None
+    if session.profile == "ci" and whole_run:
+        unmet = unmet_contract(ran, session.nproc)
+        if not unmet:
+            return unmet
+        counts = coverage(ran, session.nproc)
+        refused = {v: "" for axis in PROBED_AXES for v, n in counts[axis].items() if n == 0}
+        nightly = [c for c in profile_cells("nightly", session.nproc, refused) if c.composition not in refused]
+    return unmet_contract(ran, session.nproc, profile=session.profile, nightly=nightly)
 
 
 def lost_over_baseline(comparison: Comparison, whole_run: bool) -> list[ItemChange]:

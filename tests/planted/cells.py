@@ -3,10 +3,10 @@ that a prediction holds for any profile."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 from conformance.matrix.cells import Cell
+from conformance.matrix.features import features
 from conformance.matrix.plan import expects_reset_error
 from fixtures.inits import INITS
 from fixtures.models import fixture_for
@@ -23,13 +23,12 @@ OFFLOADING: Pred = lambda cell: cell.offload != "none"  # noqa: E731
 BF16: Pred = lambda cell: cell.dtype == "bfloat16"  # noqa: E731
 ZERO3_REAL: Pred = lambda cell: cell.sharding == "zero3" and REAL(cell)  # noqa: E731
 BUCKETED: Pred = lambda cell: cell.bucketing != "none"  # noqa: E731
-FROZEN: Pred = lambda cell: cell.model == "lora"  # noqa: E731 (a model with frozen parameters)
 INFER: Pred = lambda cell: cell.scenario == "infer"  # noqa: E731
 RESHAPE: Pred = lambda cell: cell.scenario == "reshape"  # noqa: E731
 ACCUMULATE: Pred = lambda cell: cell.scenario == "accumulate"  # noqa: E731
 RESUME: Pred = lambda cell: cell.scenario == "resume"  # noqa: E731
-DROPOUT: Pred = lambda cell: cell.model == "dropout_head"  # noqa: E731 (a dropout as its last op)
-BUFFERED: Pred = lambda cell: cell.model == "root_owned"  # noqa: E731 (a random buffer, running statistics)
+# a dropout as its last op (the eager models replay its mask)
+DROPOUT: Pred = lambda cell: fixture_for(cell.model, cell.spec).output_dropout is not None  # noqa: E731
 BROADCAST: Pred = lambda cell: INITS[cell.init].broadcast  # noqa: E731
 DDP: Pred = lambda cell: cell.composition in ("ddp_jit", "jit_ddp")  # noqa: E731
 # a bug planted in FSDP's reduce-scatter or its transform: DDP's cells never take that path
@@ -40,21 +39,20 @@ BF16_DDP: Pred = lambda cell: BF16(cell) and DDP(cell)  # noqa: E731
 # FSDP materialized from the state dict the kit shards: Thunder loads it with load_state_dict
 TRANSFORMED_SD: Pred = lambda cell: cell.init == "meta_transformed_sd" and not DDP(cell)  # noqa: E731
 ZERO3_FSDP: Pred = lambda cell: cell.sharding == "zero3" and FSDP(cell)  # noqa: E731
+
+
+def has(feature: str) -> Pred:
+    """The cell's model has ``feature``, as conformance/matrix/features.py derives it from the
+    built module (the same derivation ci's coverage contract is written in)."""
+    return lambda cell: feature in features(cell.model, cell.tie, cell.world_size, cell.spec)
+
+
+# in its state dict (a rotary cache is not)
+PERSISTENT_BUFFER: Pred = has("persistent_buffer")
+# changed by a training forward (running statistics)
+TRAINED_BUFFER: Pred = has("trained_buffer")
+# a persistent buffer drawn at random at init
+RANDOM_BUFFER: Pred = has("random_buffer")
+FROZEN: Pred = has("frozen")  # a parameter with requires_grad=False
+ROOT_OWNED: Pred = has("root_owned")  # a parameter or persistent buffer with no dot in its name
 FROZEN_JIT_FSDP: Pred = lambda cell: FROZEN(cell) and cell.composition == "jit_fsdp"  # noqa: E731
-
-
-@functools.cache
-def _has_persistent_buffers(model: str, spec: str | None, tie: str) -> bool:
-    """Whether the model's state dict holds an entry that is no parameter (a tie's duplicate
-    names one): built on the meta device, no values drawn."""
-    import torch
-
-    with torch.device("meta"):
-        module = fixture_for(model, spec).build(tie == "tied")
-    parameters = {n for n, _ in module.named_parameters(remove_duplicate=False)}
-    return any(name not in parameters for name in module.state_dict())
-
-
-def PERSISTENT_BUFFERS(cell: Cell) -> bool:
-    """The cell's model has persistent buffers (in its state dict; a rotary cache is not)."""
-    return _has_persistent_buffers(cell.model, cell.spec, cell.tie)

@@ -14,11 +14,11 @@ from tests.planted.cells import (
     BF16,
     BF16_FSDP,
     BROADCAST,
-    BUFFERED,
     FROZEN,
     FROZEN_JIT_FSDP,
     FSDP,
     NONE,
+    RANDOM_BUFFER,
     TIED,
     ZERO3_FSDP,
 )
@@ -172,10 +172,10 @@ def frozen_parameters_trained() -> Iterator[None]:
 # it; the ranks then train different functions, which numerics may see too.
 @planted(
     {
-        "materialization": Expect(lambda c: BROADCAST(c) and BUFFERED(c), NONE, "buffers on every rank"),
-        "numerics": Expect(NONE, lambda c: BROADCAST(c) and BUFFERED(c)),
+        "materialization": Expect(lambda c: BROADCAST(c) and RANDOM_BUFFER(c), NONE, "buffers on every rank"),
+        "numerics": Expect(NONE, lambda c: BROADCAST(c) and RANDOM_BUFFER(c)),
     },
-    cells=(lambda c: BROADCAST(c) and BUFFERED(c), lambda c: BROADCAST(c) and not BUFFERED(c)),
+    cells=(lambda c: BROADCAST(c) and RANDOM_BUFFER(c), lambda c: BROADCAST(c) and not RANDOM_BUFFER(c)),
 )
 @contextlib.contextmanager
 def buffers_not_broadcast() -> Iterator[None]:

@@ -13,7 +13,7 @@ import pytest
 
 from conformance.matrix.cells import Cell
 from fixtures.models import fixture_for
-from tests.planted.cells import ALL, BUFFERED, MODULE_INIT, NONE, REAL
+from tests.planted.cells import ALL, MODULE_INIT, NONE, RANDOM_BUFFER, REAL
 from tests.planted.record import Expect, planted
 
 
@@ -192,10 +192,10 @@ def small_tensor_constant() -> Iterator[None]:
 
 @planted(
     {
-        "materialization": Expect(lambda c: MODULE_INIT(c) and BUFFERED(c), NONE, "buffers on every rank"),
-        "numerics": Expect(NONE, lambda c: MODULE_INIT(c) and BUFFERED(c)),
+        "materialization": Expect(lambda c: MODULE_INIT(c) and RANDOM_BUFFER(c), NONE, "buffers on every rank"),
+        "numerics": Expect(NONE, lambda c: MODULE_INIT(c) and RANDOM_BUFFER(c)),
     },
-    cells=(lambda c: MODULE_INIT(c) and BUFFERED(c), lambda c: MODULE_INIT(c) and not BUFFERED(c)),
+    cells=(lambda c: MODULE_INIT(c) and RANDOM_BUFFER(c), lambda c: MODULE_INIT(c) and not RANDOM_BUFFER(c)),
 )
 @contextlib.contextmanager
 def module_init_draws_per_rank() -> Iterator[None]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.planted.cells import ACCUMULATE, BUFFERED, DDP, FSDP, INFER, NONE, RESHAPE
+from tests.planted.cells import ACCUMULATE, DDP, FSDP, INFER, NONE, RESHAPE, TRAINED_BUFFER
 from tests.planted.record import Expect, planted
 
 
@@ -103,11 +103,11 @@ def no_sync_never_ends() -> Iterator[None]:
 # running statistics never updated: only a model whose forward updates a buffer shows it
 @planted(
     {
-        "numerics": Expect(BUFFERED, NONE, "buffers at step 0 (SGD) [norm.running_"),
+        "numerics": Expect(TRAINED_BUFFER, NONE, "buffers at step 0 (SGD) [norm.running_"),
         # the planted forward's own copies of the buffers are alive during the forward
-        "memory": Expect(NONE, BUFFERED),
+        "memory": Expect(NONE, TRAINED_BUFFER),
     },
-    cells=(BUFFERED, lambda c: not BUFFERED(c) and c.model.startswith("litgpt")),
+    cells=(TRAINED_BUFFER, lambda c: not TRAINED_BUFFER(c) and c.model.startswith("litgpt")),
 )
 @contextlib.contextmanager
 def buffer_updates_dropped() -> Iterator[None]:

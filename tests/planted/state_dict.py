@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fixtures.inits import INITS
-from tests.planted.cells import ACCUMULATE, ALL, BUFFERED, DDP, NONE, PERSISTENT_BUFFERS, RESUME, TRANSFORMED_SD
+from tests.planted.cells import ACCUMULATE, ALL, DDP, NONE, PERSISTENT_BUFFER, RESUME, TRAINED_BUFFER, TRANSFORMED_SD
 from tests.planted.record import Expect, planted
 
 
@@ -52,14 +52,16 @@ def _load_state_dict(change: Callable[[Any, dict[str, Any]], dict[str, Any]]) ->
 # materialization from the sharded state dict the kit hands over, where buffers are.
 @planted(
     {
-        "state_dict": Expect(lambda c: RESUME(c) and BUFFERED(c), NONE, "checkpoint resumed: buffers after loading"),
-        "materialization": Expect(NONE, lambda c: TRANSFORMED_SD(c) and BUFFERED(c)),
-        "numerics": Expect(NONE, lambda c: TRANSFORMED_SD(c) and BUFFERED(c)),
+        "state_dict": Expect(
+            lambda c: RESUME(c) and TRAINED_BUFFER(c), NONE, "checkpoint resumed: buffers after loading"
+        ),
+        "materialization": Expect(NONE, lambda c: TRANSFORMED_SD(c) and TRAINED_BUFFER(c)),
+        "numerics": Expect(NONE, lambda c: TRANSFORMED_SD(c) and TRAINED_BUFFER(c)),
     },
     cells=(
-        lambda c: RESUME(c) and BUFFERED(c) and not DDP(c),
+        lambda c: RESUME(c) and TRAINED_BUFFER(c) and not DDP(c),
         lambda c: RESUME(c) and DDP(c),
-        lambda c: RESUME(c) and not BUFFERED(c),
+        lambda c: RESUME(c) and not TRAINED_BUFFER(c),
     ),
 )
 @contextlib.contextmanager
@@ -103,21 +105,21 @@ def load_loses_last_rank() -> Iterator[None]:
 # Every cell whose model has persistent buffers: the round trip loads known values into them.
 # An init that materializes through load_original_state_dict (the original state dict handed
 # over, or loaded after module init) starts that rank from an unloaded buffer too.
-_LOADS_ORIGINAL = lambda c: PERSISTENT_BUFFERS(c) and (  # noqa: E731
+_LOADS_ORIGINAL = lambda c: PERSISTENT_BUFFER(c) and (  # noqa: E731
     INITS[c.init].state_dict == "original" or INITS[c.init].load_after
 )
 
 
 @planted(
     {
-        "state_dict": Expect(PERSISTENT_BUFFERS, NONE, "load_original_state_dict round trip: buffers ["),
+        "state_dict": Expect(PERSISTENT_BUFFER, NONE, "load_original_state_dict round trip: buffers ["),
         "materialization": Expect(NONE, _LOADS_ORIGINAL),
         "numerics": Expect(NONE, _LOADS_ORIGINAL),
     },
     cells=(
-        lambda c: PERSISTENT_BUFFERS(c) and not DDP(c),
-        lambda c: PERSISTENT_BUFFERS(c) and DDP(c),
-        lambda c: not PERSISTENT_BUFFERS(c),
+        lambda c: PERSISTENT_BUFFER(c) and not DDP(c),
+        lambda c: PERSISTENT_BUFFER(c) and DDP(c),
+        lambda c: not PERSISTENT_BUFFER(c),
     ),
 )
 @contextlib.contextmanager

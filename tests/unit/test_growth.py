@@ -79,3 +79,37 @@ def test_a_pair_no_row_can_carry_gets_a_row_of_its_own() -> None:
 def test_a_row_no_value_fits_is_an_error() -> None:
     with pytest.raises(ValueError, match="no value of scenario fits"):
         grow(ROWS, "scenario", ["train"], OTHERS, lambda r: r.get("model") != "big", lambda r, v: 1.0)
+
+
+def test_top_up_meets_a_contracted_key_in_place_where_nothing_is_lost_and_drops_what_nothing_needs() -> None:
+    from conformance.matrix.growth import top_up
+
+    # every row trains, one of them twice; the contract wants the big model inferring
+    rows = [{**r, "scenario": "train"} for r in [*ROWS, ROWS[0]]]
+    axes = ["model", "dtype", "scenario"]
+
+    def meets(row: dict[str, Any]) -> frozenset:
+        keys = {frozenset(p) for p in itertools.combinations([(a, row[a]) for a in axes], 2)}
+        return frozenset(keys | ({"big infers"} if row["model"] == "big" and row["scenario"] == "infer" else set()))
+
+    wanted = frozenset().union(*map(meets, rows)) | {"big infers"}
+
+    def changes(row: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{**row, "scenario": "infer"}] if row["scenario"] == "train" else []
+
+    def additions(key: Any, row: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{**row, "model": "big", "scenario": "infer"}]
+
+    def cost(row: dict[str, Any]) -> float:
+        return COST[row["model"]] * (1 + (row["scenario"] != "train"))
+
+    topped = top_up(rows, meets, wanted, changes, additions, cost)
+    assert frozenset().union(*map(meets, topped)) >= wanted
+    # a big row infers in place (the other big row still trains with the big model, the small
+    # rows with each dtype), no row is added, and the repeated row goes
+    assert sorted((r["model"], r["scenario"]) for r in topped) == [
+        ("big", "infer"),
+        ("big", "train"),
+        ("small", "train"),
+        ("small", "train"),
+    ]
