@@ -155,7 +155,14 @@ def contract_left(ran: list[Cell], session: SessionInfo, whole_run: bool) -> lis
             return unmet
         counts = coverage(ran, session.nproc)
         refused = {v: "" for axis in PROBED_AXES for v, n in counts[axis].items() if n == 0}
-        nightly = [c for c in profile_cells("nightly", session.nproc, refused) if c.composition not in refused]
+        # a run in which no composition ran (every cell refused, or none reported) has no
+        # nightly to point to
+        ran_any = any(n for n in counts["composition"].values())
+        nightly = (
+            [c for c in profile_cells("nightly", session.nproc, refused) if c.composition not in refused]
+            if ran_any
+            else []
+        )
     return unmet_contract(ran, session.nproc, profile=session.profile, nightly=nightly)
 
 
