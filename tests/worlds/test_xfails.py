@@ -52,6 +52,7 @@ def _pinned(more: int) -> list[str]:
         f"forward all_gathers: expected {{expected}}, got {{expected+{more}}}",
         f"backward reduce_scatters: expected {{expected}}, got {{expected+{more}}}",
         "forward all-gathered bytes: expected {expected}, got {expected+1..expected_times_world_size}",
+        "backward reduce-scattered bytes: expected {expected}, got {expected+1..expected_times_world_size}",
     ]
 
 
