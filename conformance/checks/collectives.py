@@ -29,7 +29,7 @@ import torch
 from conformance.checks.area import Area
 from conformance.checks.findings import Findings
 from conformance.checks.record import CellRecord, SimulatedRecord
-from conformance.checks.reductions import REDUCING, judge_backward
+from conformance.checks.reductions import REDUCING, bytes_derived, judge_backward
 from conformance.checks.storages import distinct_storages, padded_bytes
 from conformance.checks.traces import KINDS, collective_symbols, issued
 from fixtures.compositions import COMPOSITIONS
@@ -194,7 +194,7 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
     gathered_bytes = 0 if replicated else sum(padded_bytes(p, run.cell.world_size) for p in storages)
     got_bytes = _out_bytes(symbols["forward"]["all_gather"])
     found.equal(
-        "forward all-gathered bytes", got_bytes, gathered_bytes, _bytes_derived(gathered_bytes, cell.world_size)
+        "forward all-gathered bytes", got_bytes, gathered_bytes, bytes_derived(gathered_bytes, cell.world_size)
     )
     world = cell.world_size
     for label, backward in backward_traces(run):
@@ -283,7 +283,7 @@ def judge_scenario(
         if phase == "forward":
             got_bytes = _out_bytes(found_in["all_gather"])
             found.equal(
-                f"{label} all-gathered bytes", got_bytes, gathered_bytes, _bytes_derived(gathered_bytes, world_size)
+                f"{label} all-gathered bytes", got_bytes, gathered_bytes, bytes_derived(gathered_bytes, world_size)
             )
 
 
@@ -304,10 +304,6 @@ def _derived(
     """What a count's failure carries: the count the cell expects, and each reference's count
     of the training trace of ``phase`` (a scenario's trace is named by the training's phase)."""
     return {"expected": want, **{name: counts[phase][kind] for name, counts in (references or {}).items()}}
-
-
-def _bytes_derived(expected: int, world_size: int) -> dict[str, float]:
-    return {"expected_times_world_size": expected * world_size}
 
 
 def _count(

@@ -67,8 +67,12 @@ def judge_backward(
     if bytes_:
         got_bytes = sum(_bytes_of(_input(b)) for b in reductions)
         expected = expected_reduced_bytes(module, world_size, replicated)
-        # as for the forward's gathered bytes: what an xfails range may reach, each storage reduced once per rank
-        found.equal(f"{label} {verb} bytes", got_bytes, expected, {"expected_times_world_size": expected * world_size})
+        found.equal(f"{label} {verb} bytes", got_bytes, expected, bytes_derived(expected, world_size))
+
+
+def bytes_derived(expected: int, world_size: int) -> dict[str, float]:
+    """What an xfails range over a collective's bytes may reach: every storage moved once per rank."""
+    return {"expected_times_world_size": expected * world_size}
 
 
 def _input(bsym: Any) -> Any:

@@ -150,6 +150,8 @@ class Template:
     def matches(self, failure: str, derived: Mapping[str, float] | None = None) -> bool:
         """Whether the first line of ``failure`` is this template in full, each number the
         one the kit derived for it (``derived``) or within its range."""
+        # the first line: assert_close's detail lines below it (mismatch counts, the greatest
+        # difference) describe the tensors, not what failed
         m = self.pattern.fullmatch(failure.split("\n", 1)[0])
         if m is None:
             return False

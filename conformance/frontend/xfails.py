@@ -112,8 +112,6 @@ class Expectation:
         cell: Cell | None = None,
         backend: str | None = None,
     ) -> bool:
-        # the first line: assert_close's detail lines below it (mismatch counts, the greatest
-        # difference) describe the tensors, not what failed
         return bool(self.matching(failure, derived, cell, backend))
 
 
