@@ -16,6 +16,7 @@ a run's cells covered ``coverage``'s.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Collection, Iterator, Mapping
 
 from conformance.matrix import simulated
@@ -103,6 +104,18 @@ def cells(profile: str, world_size: int, unsupported: Mapping[str, str], contrac
     Thunder under test does not offer it, as the worlds' probe found. ``contract``: ci's array
     meets the coverage contract (conformance/matrix/contract.py); without it, ci's array is
     the pairwise one alone (the kit's tests show what the contract adds)."""
+    # only which values are unsupported shapes the cells, never why
+    return list(_cells(profile, world_size, frozenset(unsupported), contract))
+
+
+# Growing a covering array takes seconds (nightly's strength-3 one about half a minute here),
+# and a run asks for the same profile again at its end (the contract's report): made once.
+@functools.cache
+def _cells(profile: str, world_size: int, unsupported: frozenset[str], contract: bool) -> tuple[Cell, ...]:
+    return tuple(_generate(profile, world_size, unsupported, contract))
+
+
+def _generate(profile: str, world_size: int, unsupported: Collection[str], contract: bool) -> list[Cell]:
     if profile == "smoke":
         return list(dict.fromkeys(_smoke(world_size)))
     if profile == "scale":

@@ -79,6 +79,8 @@ class Reporter:
             if hasattr(report, "wasxfail"):
                 rec["xfail_reason"] = report.wasxfail
         if report.when == "teardown":
+            # when the item ended, from the run's start: how soon a run told of each verdict
+            rec["ended_s"] = time.time() - self.started
             with self.jsonl.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
 

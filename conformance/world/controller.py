@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 from conformance.world import procs, protocol
 from conformance.world.launch import ROOT, LaunchSpec
 from conformance.world.nodes import NodeError, Nodes
-from conformance.world.seal import PLAIN, Channel
+from conformance.world.seal import PLAIN, Channel, control_store
 
 STACK_WAIT_S = 2.0
 # Who caused a failure and who merely suffered it: a death explains a peer's "connection
@@ -100,17 +99,13 @@ class World:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> float:
-        import torch.distributed as dist
-
         self.close()
         began = time.monotonic()
         if self.base_dir is not None:
             self.base_dir.mkdir(parents=True, exist_ok=True)
         self._dir = Path(tempfile.mkdtemp(prefix="world-", dir=self.base_dir))
         host = "127.0.0.1" if self.nodes is None else self.nodes.host  # where other nodes' ranks reach it
-        self._store = dist.TCPStore(
-            host, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
-        )
+        self._store = control_store(host, loopback_only=self.nodes is None)
         self._channel = Channel(self._store, PLAIN if self.nodes is None else self.nodes.seal)
         self._seq = 0
         self._pids = {}

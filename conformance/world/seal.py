@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime
 import functools
 import hashlib
 import secrets
+import socket
 from typing import Any
 
 ENV_TOKEN = "CONFORMANCE_TOKEN"  # the run's token, handed to join agents and to ranks
@@ -88,3 +90,21 @@ class Channel:
 
     def get(self, key: str) -> str:
         return self.seal.open(key, self.store.get(key))
+
+
+def control_store(host: str, loopback_only: bool) -> Any:
+    """The world's control store. A ``TCPStore`` master listens on every interface, and its
+    plain control traffic names the functions ranks run; on one machine it is handed a socket
+    bound to the loopback interface instead, so nothing off this machine can reach it (across
+    machines the traffic is sealed instead)."""
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=60)
+    if not loopback_only:
+        return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+    listener = socket.create_server((host, 0), backlog=128)
+    port = listener.getsockname()[1]
+    # detached: the store owns the descriptor from here on and closes it
+    return dist.TCPStore(
+        host, port, is_master=True, wait_for_workers=False, timeout=timeout, master_listen_fd=listener.detach()
+    )

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.planted.cells import ALL, BF16, BUCKETED, DDP, FSDP, NONE
+from tests.planted.cells import ALL, BF16, BF16_FSDP, BUCKETED, DDP, FSDP, NONE, has
 from tests.planted.patching import thunder_steps
 from tests.planted.record import Expect, planted
 
@@ -74,6 +74,22 @@ def gradient_off_later_step() -> Iterator[None]:
     """The reduced gradients of one later step (step 4, AdamW's second, whose update is
     nearly scale-invariant) come out 1% too large."""
     with thunder_steps() as begun, _reduce_scatter_output(lambda out: out.mul_(1.01) if begun[0] == 5 else None):
+        yield
+
+
+# In float32 the elementwise tolerance (atol 1e-5) sees a scale of about 1e-4 at best (the
+# largest gradient element of ci's models is about 0.1); the gradient's scale against eager's
+# at the same weights, which float32's roundings scatter by about 1e-9 (its bound near 1e-8),
+# sees one ulp on every element.
+@planted(
+    {"numerics": Expect(lambda c: not BF16(c) and FSDP(c), NONE, "gradient scale at step 2")},
+    cells=(lambda c: not BF16(c) and FSDP(c) and has("litgpt")(c) and not c.simulated, BF16_FSDP, DDP),
+)
+@contextlib.contextmanager
+def float32_gradients_off_later_step() -> Iterator[None]:
+    """The reduced gradients of step 2 (SGD) come out one float32 ulp too large (x (1 +
+    2^-23), which bfloat16 rounds away): a systematic error no element shows."""
+    with thunder_steps() as begun, _reduce_scatter_output(lambda out: out.mul_(1 + 2**-23) if begun[0] == 3 else None):
         yield
 
 

@@ -25,3 +25,7 @@ def test_x_stops_after_the_first_failing_cell(tmp_path) -> None:
     # every cell's items in one block: a cell that ended never comes back
     blocks = [item["cell"] for k, item in enumerate(ran) if k == 0 or item["cell"] != ran[k - 1]["cell"]]
     assert len(blocks) == len(set(blocks)), blocks
+    # the run ends within 1.5x the moment its first failure was known (issue 28's bound): only
+    # the session's end (reports, closing the worlds) comes after it
+    first_failure = ran[failed[0]]["ended_s"]
+    assert run.report["wall_s"] <= 1.5 * first_failure, (run.report["wall_s"], first_failure)

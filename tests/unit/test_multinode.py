@@ -44,6 +44,33 @@ def test_one_machine_stores_plain_json_as_before() -> None:
     assert len({seal.new_token() for _ in range(3)}) == 3
 
 
+def _listening_addresses(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp* write them) that listen on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in list(f)[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, _, hex_port = local.rpartition(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    found.add(address)
+    return found
+
+
+def test_one_machines_control_store_listens_on_loopback_alone() -> None:
+    import torch.distributed as dist
+
+    # its plain tasks name the functions a rank runs: nothing off this machine may reach it
+    store = seal.control_store("127.0.0.1", loopback_only=True)
+    assert _listening_addresses(store.port) == {"0100007F"}  # 127.0.0.1, and no wildcard
+    client = dist.TCPStore("127.0.0.1", store.port, is_master=False, wait_for_workers=False)
+    client.set("task/0", "ping")
+    assert store.get("task/0") == b"ping"
+    # a store for other nodes listens where they reach it (its traffic sealed)
+    across = seal.control_store("127.0.0.1", loopback_only=False)
+    assert _listening_addresses(across.port) & {"00000000", "0" * 32}
+
+
 def test_launch_one_machine_is_standalone_and_never_seals(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(seal.ENV_TOKEN, "from the shell")
     spec = LaunchSpec(nproc=2, backend="gloo")

@@ -1,5 +1,6 @@
-"""Numerics' judgement of a gradient's scale below float32: a gradient off by a scale that
-eager's rounding hides elementwise, against eager's gradients of each rank's own loss."""
+"""Numerics' judgement of a gradient's scale: a gradient off by a scale that the elementwise
+tolerances hide (eager's rounding below float32, the fixed atol in float32), against eager's
+gradients of each rank's own loss."""
 
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ def judge_gradient_scale(
     constants: list[float],
     world: int = 1,
 ) -> bool:
-    """Below float32, a gradient off by a scale that eager's rounding hides elementwise (1%
-    is about one bfloat16 rounding), on any step. ``local``: eager's gradients of each rank's
+    """A gradient off by a scale that the elementwise comparison hides (1% is about one
+    bfloat16 rounding; in float32 an error of 1e-4 on gradients of 0.1 sits at its atol), on
+    any step. ``local``: eager's gradients of each rank's
     own loss at the weights the Thunder module held as the step began, in the cell's dtype,
     averaged exactly: what the ranks hand their reduction. Thunder's reduced gradient T
     differs from that S by the reduction's roundings and its local computation's, which round
@@ -100,7 +102,7 @@ def judge_gradient_scale(
             continue  # off already: each tensor's scale would say it again (a rank's names the rank)
         with found.expect(f"{what} [{label}]"):
             assert abs(scale) <= bound, (
-                f"Thunder's gradients are {1 + scale:.5f} x eager's at the same weights (each rank's own in "
+                f"Thunder's gradients are {_factor(scale)} x eager's at the same weights (each rank's own in "
                 f"{str(dtype).removeprefix('torch.')}, averaged); the roundings scatter that by {sd:.2e}: "
                 f"at most 1 +- {bound:.2e} ({SCALE_DEVIATIONS:g} of those"
                 + (f", plus {systematic:.2e} from scale constants rounded in that dtype)" if systematic else ")")
@@ -112,3 +114,11 @@ def judge_gradient_scale(
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """``t`` in float64 as a matrix of its rows (dim 0 by the rest; a vector: one column)."""
     return t.double().reshape(t.shape[0] if t.dim() else 1, -1)
+
+
+def _factor(scale: float) -> str:
+    """1 + ``scale`` as a reader tells it from 1: five decimals, or the difference itself where
+    those would read 1.00000 (float32's roundings are about 1e-7)."""
+    if abs(scale) >= 1e-5 or not math.isfinite(scale):
+        return f"{1 + scale:.5f}"
+    return f"(1 {'-' if scale < 0 else '+'} {abs(scale):.2e})"

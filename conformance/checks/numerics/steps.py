@@ -69,7 +69,7 @@ def check(run: CellRecord) -> Findings:
                 failed.add(kind)
         if low and "update" not in failed and not judge_update(found, k, stage, before, run.dtype, moved):
             failed.add("update")
-        if low and "gradient scale" not in failed and step.local_at_thunder is not None:
+        if "gradient scale" not in failed and step.local_at_thunder is not None:
             what = f"gradient scale at step {k} ({step.optimizer})"
             if not judge_gradient_scale(
                 found, what, step.grads, step.local_at_thunder.mean, run.dtype, constants, shards
