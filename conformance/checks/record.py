@@ -91,9 +91,12 @@ class StepRecord:
     # makes of this step's
     twin_at_thunder_output: torch.Tensor | None = None
     twin_at_thunder_grads: Tensors | None = None
-    # below float32: eager's gradients of each rank's own loss at those weights, in the
-    # cell's dtype (what the reduction is handed)
+    # eager's gradients of each rank's own loss at those weights, in the cell's dtype (what
+    # the reduction is handed)
     local_at_thunder: RankGradients | None = None
+    # float32 cells: eager's gradients in float64 at those weights (what the twin's are below
+    # float32): against them, what float32's roundings did to eager's own
+    float64_at_thunder_grads: Tensors | None = None
     # buffers after the step: this rank's Thunder module's, and what eager made of this rank's
     # micro-batches alone (a buffer the forward updates, such as running statistics, is per rank)
     buffers: Tensors = dataclasses.field(default_factory=dict)

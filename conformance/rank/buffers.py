@@ -77,3 +77,11 @@ class PerRank:
         other.module = module
         other.sets = [self._cloned(s) for s in self.sets]
         return other
+
+    def cast_for(self, module: nn.Module, dtype: torch.dtype) -> PerRank:
+        """Every rank's set, floating buffers cast to ``dtype``, bound to ``module`` (a copy
+        of this one's in ``dtype``)."""
+        other = PerRank.__new__(PerRank)
+        other.module = module
+        other.sets = [{n: t.to(dtype) if t.is_floating_point() else t for n, t in s.items()} for s in self.sets]
+        return other

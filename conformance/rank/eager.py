@@ -87,3 +87,14 @@ def rank_gradients(
                 magnitude[n] = magnitude[n] + g.abs() if n in magnitude else g.abs()
     w = len(outs)
     return RankGradients({n: t / w for n, t in total.items()}, {n: t / w for n, t in magnitude.items()})
+
+
+def float64_gradients(
+    module: nn.Module, inputs: list[torch.Tensor], cotangents: list[torch.Tensor], buffers: PerRank
+) -> Tensors:
+    """``module``'s gradients of the ranks' averaged loss computed in float64 (a copy), each
+    rank's micro-batch with that rank's ``buffers`` (cast): for a float32 module, the
+    reference its own float32 roundings are measured against."""
+    exact = copy.deepcopy(module).double()
+    inputs = [x.double() if x.is_floating_point() else x for x in inputs]
+    return eager_gradients(exact, inputs, [c.double() for c in cotangents], buffers.cast_for(exact, torch.float64))[1]

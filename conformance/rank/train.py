@@ -28,6 +28,7 @@ from conformance.rank.eager import (
     Tensors,
     eager_gradients,
     float32_input,
+    float64_gradients,
     holding,
     loss,
     mean_loss,
@@ -140,6 +141,9 @@ class _Lockstep:
         # (numerics.scale.judge_gradient_scale): in float32 too, where a 1% scale on gradients
         # of about 1e-3 sits inside the elementwise tolerance
         at_thunder = self.eager_at_thunder_weights()
+        # float32: each rank's buffers as they stand now, for eager's float64 gradients at the
+        # same weights (the twin's are that reference below float32)
+        float64_buffers = self.eager_buffers.clones_for(at_thunder[0]) if dtype == torch.float32 else None
         ref_outs = self.eager_buffers.forward(inputs)
         cotangents = [
             torch.randn(o.shape, generator=generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
@@ -166,6 +170,9 @@ class _Lockstep:
             twin_outs = self.twin_buffers.forward([float32_input(x) for x in inputs])
             mean_loss(twin_outs, [c.float() for c in cotangents]).backward()
         local_at_thunder = rank_gradients(at_thunder[0], inputs, cotangents, at_thunder[1])
+        float64_at_thunder = None
+        if float64_buffers is not None:
+            float64_at_thunder = float64_gradients(at_thunder[0], inputs, cotangents, float64_buffers)
         grads = self.eager_model.gather(tm, grads=True)
         eager_grads = snapshot(eager_model, grads=True)
         twin_grads = None if twin is None else snapshot(twin, grads=True)
@@ -210,6 +217,7 @@ class _Lockstep:
                 twin_at_thunder_output=None if twin_at_thunder is None else twin_at_thunder[0][rank],
                 twin_at_thunder_grads=None if twin_at_thunder is None else twin_at_thunder[1],
                 local_at_thunder=local_at_thunder,
+                float64_at_thunder_grads=float64_at_thunder,
                 buffers=cpu_copies(tm.named_buffers()),
                 eager_buffers=cpu_copies(eager_model.named_buffers()),
                 twin_buffers=None if twin is None else cpu_copies(twin.named_buffers()),

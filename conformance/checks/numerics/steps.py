@@ -69,10 +69,13 @@ def check(run: CellRecord) -> Findings:
                 failed.add(kind)
         if low and "update" not in failed and not judge_update(found, k, stage, before, run.dtype, moved):
             failed.add("update")
-        if "gradient scale" not in failed and step.local_at_thunder is not None:
+        # the same gradients one precision up: what the dtype's roundings did to eager's
+        reference = step.twin_at_thunder_grads if low else step.float64_at_thunder_grads
+        if "gradient scale" not in failed and step.local_at_thunder is not None and reference is not None:
             what = f"gradient scale at step {k} ({step.optimizer})"
+            additions = run.cell.world_size - 1
             if not judge_gradient_scale(
-                found, what, step.grads, step.local_at_thunder.mean, run.dtype, constants, shards
+                found, what, step.grads, step.local_at_thunder, reference, run.dtype, constants, additions, shards
             ):
                 failed.add("gradient scale")
         if replicated:  # DDP: every rank's whole replica must stay rank 0's, bit for bit
