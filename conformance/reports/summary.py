@@ -121,7 +121,7 @@ def _unmet(coverage: dict[str, dict[str, int]], unmet: list[dict[str, Any]], sho
 def _unmet_contract(unmet: list[dict[str, Any]] | None, shown: int = 30) -> list[str]:
     """ci's coverage contract (docs/matrix.md#the-coverage-contract): what no cell that ran
     met, and which profile meets it."""
-    if unmet is None:  # a report from before the contract
+    if unmet is None:  # a run of part of a profile, or of one not held to it (or from before it)
         return []
     if not unmet:
         return ["Every contracted feature × family × scenario and feature × init met in a cell that ran.", ""]

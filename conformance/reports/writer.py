@@ -32,6 +32,8 @@ from conformance.reports.session import SessionInfo
 from conformance.reports.summary import summary
 from conformance.reports.time_share import time_share
 
+# the profiles whose cells the coverage contract speaks of (conformance/matrix/contract.py)
+CONTRACTED_PROFILES = ("ci", "nightly", "full")
 PART_OF_SUITE = "This run asked for part of the suite: the baseline's items it did not run set no exit status."
 
 
@@ -88,6 +90,9 @@ class Reporter:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         # the ledger's stale templates may have set it after pytest passed ``exitstatus``
         exitstatus = getattr(session, "exitstatus", exitstatus)
+        # -x (or a Ctrl-C) ended the run early: what its cells left unmet says nothing of the
+        # profile, and asking nightly's array for it would cost half a minute after the verdict
+        stopped = bool(getattr(session, "shouldfail", False) or getattr(session, "shouldstop", False))
         records = list(self.records.values())
         counts: dict[str, int] = {}
         # coverage is of the cells that ran: one reported unsupported tested nothing
@@ -109,7 +114,7 @@ class Reporter:
             "whole_run": self.whole_run,
             "coverage": coverage(ran.values(), self.session.nproc),
             "unmet_pairs": unmet_pairs(ran.values(), self.session.nproc, profile=self.session.profile),
-            "unmet_contract": contract_left(list(ran.values()), self.session, self.whole_run),
+            "unmet_contract": contract_left(list(ran.values()), self.session, self.whole_run and not stopped),
             "xfails_file": str(self.session.xfails_file),
             "worlds_started": len({r["cell"] for r in records if r.get("metrics", {}).get("world_start_s", 0) > 0}),
             "isolate": self.session.isolate,
@@ -146,12 +151,16 @@ class Reporter:
         (self.dir / "summary.md").write_text(text)
 
 
-def contract_left(ran: list[Cell], session: SessionInfo, whole_run: bool) -> list[dict[str, Any]]:
+def contract_left(ran: list[Cell], session: SessionInfo, whole_run: bool) -> list[dict[str, Any]] | None:
     """ci's coverage contract (features x family x scenario, features x special inits) that the
-    cells left unmet; for a whole ci run that left some, nightly's cells (over the values that
-    ran: a probed value no cell ran was refused) say which of them nightly meets."""
+    cells left unmet; for a ci run that left some, nightly's cells (over the values that ran: a
+    probed value no cell ran was refused) say which of them nightly meets. None for a run that
+    says nothing of it: part of a profile (-k, a path, stopped by -x), or smoke and scale, which
+    are not held to it (and building every model to ask would cost seconds at every end)."""
+    if not whole_run or session.profile not in CONTRACTED_PROFILES:
+        return None
     nightly = None
-    if session.profile == "ci" and whole_run:
+    if session.profile == "ci":
         unmet = unmet_contract(ran, session.nproc)
         if not unmet:
             return unmet

@@ -24,6 +24,9 @@ from conformance.world.launch import ROOT, LaunchSpec
 from conformance.world.nodes import NodeError, Nodes
 from conformance.world.seal import PLAIN, Channel, control_store
 
+# how long a world retired at the end of a run may take to exit before it is killed
+CLOSE_TIMEOUT_S = 10.0
+
 STACK_WAIT_S = 2.0
 # Who caused a failure and who merely suffered it: a death explains a peer's "connection
 # closed by peer", never the other way round.
@@ -175,7 +178,7 @@ class World:
         if self.alive and self._store is not None:
             self.retire()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=10)
+                self._proc.wait(timeout=CLOSE_TIMEOUT_S)
         self.kill()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
