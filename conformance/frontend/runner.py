@@ -28,9 +28,30 @@ PROBE = "conformance.rank.probe:probe_compositions"  # composition -> why unsupp
 DEFAULT_XFAILS = ROOT / "xfails.toml"
 
 
+# what a rank imports on its first cell beyond the modules above (about 5 CPU seconds for
+# Thunder and its transforms, 5 to 9 for litgpt and lightning on this machine)
+RANK_IMPORTS = (
+    "thunder",
+    "thunder.distributed",
+    "thunder.distributed.checkpoint",
+    "thunder.transforms",
+    "thunder.distributed.transforms.fsdp_v2",
+    "thunder.distributed.transforms.ddp_v2",
+    "transforms.offload",
+    "litgpt",
+)
+
+
 def new_zygote() -> Zygote:
     """A zygote (started on first use) that has imported what a rank needs for a cell."""
-    preload = [RUN_CELL.partition(":")[0], "conformance.world.rankloop", "torch.distributed.run"]
+    # the rank side imports Thunder, its distributed transforms and litgpt only inside the
+    # functions that use them: named here, or every forked rank would import them again
+    preload = [
+        RUN_CELL.partition(":")[0],
+        "conformance.world.rankloop",
+        "torch.distributed.run",
+        *RANK_IMPORTS,
+    ]
     return Zygote(preload, launch.rank_environment(), ROOT)
 
 

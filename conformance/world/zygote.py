@@ -104,7 +104,10 @@ def serve(path: str, preload: list[str]) -> None:
     listener.bind(path)
     listener.listen(256)
     for name in preload:
-        importlib.import_module(name)
+        # a module that does not import (a broken Thunder) is left to the ranks, which import
+        # it again and report the error in the cell it belongs to
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
     gc.collect()
     gc.freeze()  # what every child inherits stays out of its collections, and unwritten: shared pages
     wake_r, wake_w = os.pipe()

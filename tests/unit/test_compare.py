@@ -482,9 +482,11 @@ class Terminal:
 
 @pytest.fixture
 def no_picture(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The session's end without memory.png and the scan of installed packages for nvFuser:
-    seconds each, and nothing the exit status reads."""
+    """The session's end without memory.png, the contract's section and the scan of installed
+    packages for nvFuser: seconds each, and nothing the exit status reads."""
     monkeypatch.setattr(writer, "memory_figure", lambda report, path: False)
+    # the coverage contract's section: nightly's covering array, half a minute per excerpt
+    monkeypatch.setattr(writer, "contract_left", lambda ran, session, whole_run: None)
     monkeypatch.setattr(environment, "nvfuser", lambda: None)
 
 

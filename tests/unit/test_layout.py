@@ -200,3 +200,41 @@ def test_each_check_area_has_one_test_module() -> None:
             n.value.value for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "AREA"
         ]
         assert declared == [name]
+
+
+def _imported_inside_functions(folders: tuple[str, ...]) -> set[str]:
+    """Absolute imports that sit below a module's top level in ``folders``."""
+    found = set()
+    for folder in folders:
+        for path in (ROOT / folder).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            top = {id(node) for node in tree.body}
+            for node in ast.walk(tree):
+                if id(node) in top:
+                    continue
+                if isinstance(node, ast.Import):
+                    found |= {alias.name for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    found.add(node.module)
+    return found
+
+
+def test_the_zygote_preloads_what_ranks_import_inside_functions() -> None:
+    """A forked rank must not import Thunder or litgpt again on its first cell (seconds per
+    rank of every world): what the rank side imports lazily is in the zygote's preload, or
+    imported by it."""
+    import json
+    import subprocess
+    import sys
+
+    lazy = _imported_inside_functions(("conformance/rank", "conformance/checks", "fixtures", "transforms"))
+    program = (
+        "import importlib, json, sys\n"
+        "from conformance.frontend.runner import new_zygote\n"
+        "for name in new_zygote().preload: importlib.import_module(name)\n"
+        f"print(json.dumps(sorted(m for m in {sorted(lazy)!r} if m not in sys.modules)))"
+    )
+    proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    missing = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not missing, f"imported by every forked rank again: {missing} (runner.RANK_IMPORTS)"

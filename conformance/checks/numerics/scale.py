@@ -9,7 +9,7 @@ import math
 import torch
 
 from conformance.checks.findings import Findings
-from conformance.checks.numerics.tolerances import EAGER_ERROR_FACTOR, Tensors
+from conformance.checks.numerics.tolerances import Tensors
 from conformance.checks.record import RankGradients
 from conformance.matrix.cells import Cell
 from fixtures import patterns
@@ -19,6 +19,9 @@ from fixtures.models import MODELS
 # from eager's at the same weights: with a margin over the worst the pinned Thunder shows
 SCALE_DEVIATIONS = 6.0
 SCALE_MIN_ELEMENTS = 64  # a tensor judged alone needs this many elements to estimate its scatter
+# T - S holds two local computations' roundings, Thunder's and eager's, each as large as eager's
+# own against the reference: their variances add
+IMPLEMENTATIONS = 2
 
 
 def scale_constants(cell: Cell) -> list[float]:
@@ -54,7 +57,7 @@ def judge_gradient_scale(
     That scatter comes from eager, never from T: ``reference`` is the same gradient one
     precision up (the float32 twin's below float32, float64 in float32), so S's residuals
     r = S - R - b R are what the dtype's roundings did to eager's local computation, and
-    sd(a)^2 = EAGER_ERROR_FACTOR^2 (sum over units of (sum over the unit of r * S)^2) / <S, S>^2
+    sd(a)^2 = IMPLEMENTATIONS (sum over units of (sum over the unit of r * S)^2) / <S, S>^2
     plus the reduction's own roundings: u (``additions`` x the ranks' mean magnitude + |S|)
     per element, ``additions`` being the world size less one.
     The units are a tensor's elements plus, for a matrix, its rows and its columns, because a
@@ -105,9 +108,9 @@ def judge_gradient_scale(
         scatter = 0.0
         for _, s, r, reduction in members:
             x = (s - r - own * r) * s
-            scatter += EAGER_ERROR_FACTOR**2 * float((x * x).sum())
+            scatter += IMPLEMENTATIONS * float((x * x).sum())
             if x.shape[1] > 1:  # a matrix: its rows and its columns too
-                scatter += EAGER_ERROR_FACTOR**2 * (float((x.sum(1) ** 2).sum()) + float((x.sum(0) ** 2).sum()))
+                scatter += IMPLEMENTATIONS * (float((x.sum(1) ** 2).sum()) + float((x.sum(0) ** 2).sum()))
             scatter += float(((reduction * s) ** 2).sum())
         sd = math.sqrt(scatter) / size
         judged[label] = (scale, sd, systematic + SCALE_DEVIATIONS * sd)
