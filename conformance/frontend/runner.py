@@ -28,8 +28,9 @@ PROBE = "conformance.rank.probe:probe_compositions"  # composition -> why unsupp
 DEFAULT_XFAILS = ROOT / "xfails.toml"
 
 
-# what a rank imports on its first cell beyond the modules above (about 5 CPU seconds for
-# Thunder and its transforms, 5 to 9 for litgpt and lightning on this machine)
+# what the rank side imports only inside the functions that use them (Thunder, its
+# distributed transforms, litgpt): the zygote imports them once, or every forked rank would
+# import them again on its first cell
 RANK_IMPORTS = (
     "thunder",
     "thunder.distributed",
@@ -44,8 +45,6 @@ RANK_IMPORTS = (
 
 def new_zygote() -> Zygote:
     """A zygote (started on first use) that has imported what a rank needs for a cell."""
-    # the rank side imports Thunder, its distributed transforms and litgpt only inside the
-    # functions that use them: named here, or every forked rank would import them again
     preload = [
         RUN_CELL.partition(":")[0],
         "conformance.world.rankloop",

@@ -73,15 +73,17 @@ class PerRank:
     def clones_for(self, module: nn.Module) -> PerRank:
         """Copies of every rank's set, bound to ``module`` (a copy of this one's, of the same
         structure): runs on it leave these sets untouched."""
-        other = PerRank.__new__(PerRank)
-        other.module = module
-        other.sets = [self._cloned(s) for s in self.sets]
-        return other
+        return self._bound_to(module, [self._cloned(s) for s in self.sets])
 
     def cast_for(self, module: nn.Module, dtype: torch.dtype) -> PerRank:
         """Every rank's set, floating buffers cast to ``dtype``, bound to ``module`` (a copy
         of this one's in ``dtype``)."""
+        sets = [{n: t.to(dtype) if t.is_floating_point() else t for n, t in s.items()} for s in self.sets]
+        return self._bound_to(module, sets)
+
+    @staticmethod
+    def _bound_to(module: nn.Module, sets: list[dict[str, torch.Tensor]]) -> PerRank:
         other = PerRank.__new__(PerRank)
         other.module = module
-        other.sets = [{n: t.to(dtype) if t.is_floating_point() else t for n, t in s.items()} for s in self.sets]
+        other.sets = sets
         return other

@@ -138,8 +138,8 @@ class _Lockstep:
         if measured:
             training.saved = _saved_tensors(out)
         # eager in the cell's dtype at the Thunder module's weights, each rank's own gradient
-        # (numerics.scale.judge_gradient_scale): in float32 too, where a 1% scale on gradients
-        # of about 1e-3 sits inside the elementwise tolerance
+        # (numerics.scale.judge_gradient_scale): in float32 too, whose fixed elementwise
+        # tolerance hides a scale of all gradients
         at_thunder = self.eager_at_thunder_weights()
         # float32: each rank's buffers as they stand now, for eager's float64 gradients at the
         # same weights (the twin's are that reference below float32)
