@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from conformance.checks.collectives import ddp_bucket_mb, ddp_buckets
+from conformance.checks.declared import UNBUCKETED
 from conformance.checks.record import CellRecord, SimulatedRecord
 from conformance.checks.storages import (
     allocated_bytes,
@@ -32,7 +33,6 @@ from conformance.checks.storages import (
     shard_bytes,
     tied_duplicates,
 )
-from conformance.checks.traces import collective_symbols
 from conformance.matrix.plan import plan
 from fixtures.compositions import COMPOSITIONS
 
@@ -142,22 +142,16 @@ def terms(run: CellRecord | SimulatedRecord) -> Terms:
 
 
 def _gradient_bucket_bytes(run: CellRecord | SimulatedRecord) -> int:
-    """DDP's gradient buckets: each one flat buffer of its gradients' bytes, where the
-    backward packs them. A backward that all-reduces every gradient alone where the model has
-    fewer buckets than gradients packs nothing (the pin: bucket_size_in_mb is not applied, a
-    finding of the collectives area that its xfails entry names) and so holds no buffer:
-    counting the buffers there would give the held bounds their bytes of slack, in which a
-    copy of the largest parameter or a leak per step hides."""
+    """DDP's gradient buckets as its documented rule packs the model's gradients: each one
+    flat buffer of its gradients' bytes, kept from the first backward on. None where the
+    xfails file declares that this Thunder packs nothing (``declared.UNBUCKETED``; the pin:
+    bucket_size_in_mb is not applied): counting buffers that do not exist would give the held
+    bounds their bytes of slack, in which a copy of the largest parameter or a leak per step
+    hides. Whether a Thunder packs is the collectives area's finding, never read here."""
     eager_model, bucketing = run.eager_model, run.cell.bucketing
-    if not replicated(run) or ddp_bucket_mb(eager_model, bucketing) <= 0:
+    if not replicated(run) or ddp_bucket_mb(eager_model, bucketing) <= 0 or UNBUCKETED in run.declared:
         return 0
     packed = ddp_buckets(eager_model, bucketing)
-    gradients = len(distinct_storages(eager_model, trainable_only=True))
-    traces = getattr(run, "traces", None)
-    backward = traces.backward if traces is not None else None
-    packable = len(packed) != gradients
-    if backward is not None and packable and len(collective_symbols(backward)["all_reduce"]) == gradients:
-        return 0
     sizes = {n: p.numel() * p.element_size() for n, p in eager_model.named_parameters()}
     return allocations((sum(sizes[n] for n in bucket) for bucket in packed), run.device)
 

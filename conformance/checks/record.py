@@ -232,6 +232,7 @@ class SimulatedRecord:
     memory: SimulatedMemory
     timings: dict[str, float]
     traces: FinalTraces | None = None  # Thunder's forward and backward traces of that step
+    declared: frozenset[str] = frozenset()  # what the xfails file declares of this cell (checks/declared.py)
 
     @property
     def init(self) -> inits.InitMode:
@@ -260,6 +261,7 @@ class CellRecord:
     memory: MemoryRecord
     timings: dict[str, float]
     scenario: ScenarioRecord | None = None  # a scenario beyond training (the cell's axis)
+    declared: frozenset[str] = frozenset()  # what the xfails file declares of this cell (checks/declared.py)
 
     @property
     def before(self) -> ParametersAfter:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,7 +119,7 @@ class Runner:
         self.zygote: Zygote | None = new_zygote() if forks else None
         self._owns_zygote = True
         # what a rank is asked to do for a cell; the kit's own tests swap in planted bugs
-        self.cell_task: Callable[[Cell], protocol.Task] = lambda cell: protocol.Task(RUN_CELL, {"axes": cell.axes()})
+        self.cell_task: Callable[[Cell], protocol.Task] = lambda cell: protocol.Task(RUN_CELL, self.cell_payload(cell))
 
     @property
     def cells(self) -> list[Cell]:
@@ -204,6 +205,12 @@ class Runner:
             if self.session.isolate:
                 world.close()
         return self.outcomes[cell.id]
+
+    def cell_payload(self, cell: Cell) -> dict[str, Any]:
+        """What a rank is handed for ``cell``: its axes, and what the xfails file declares of
+        the Thunder under test there (conformance/checks/declared.py)."""
+        declared = xfails.declared(self.expectations, cell, self.thunder_version, self.session.backend)
+        return {"axes": cell.axes(), "declared": declared}
 
     def known(self, cell: Cell, area: str) -> list[xfails.Expectation]:
         """The xfails entries that cover ``cell`` in ``area`` for the Thunder under test."""

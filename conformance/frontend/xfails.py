@@ -37,13 +37,23 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
+from conformance.checks.declared import DECLARATIONS
 from conformance.checks.registry import AREAS
 from conformance.frontend.templates import BACKEND, Template, template_of, template_pattern, when_names
 from conformance.matrix.cells import AXES, Cell
 
 FIELDS = ("area", "when", "thunder", "failures", "reason", "link")
+OPTIONAL = ("declares",)  # what the entry declares of the Thunder beside its failures
 _HEADER = re.compile(r"^\s*\[\[\s*xfail\s*\]\]")
-__all__ = ["Expectation", "KnownElsewhere", "KnownNonConformance", "XfailsError", "load", "template_pattern"]
+__all__ = [
+    "Expectation",
+    "KnownElsewhere",
+    "KnownNonConformance",
+    "XfailsError",
+    "declared",
+    "load",
+    "template_pattern",
+]
 
 
 class KnownNonConformance(AssertionError):
@@ -63,6 +73,9 @@ class Expectation:
     link: str
     thunder: list[str]
     source: str = "<xfails>"  # FILE:LINE of the entry's [[xfail]] header
+    # behaviours the other areas' derivations take as given where the entry holds
+    # (conformance/checks/declared.py)
+    declares: list[str] = dataclasses.field(default_factory=list)
     templates: tuple[Template, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -113,6 +126,14 @@ class Expectation:
         backend: str | None = None,
     ) -> bool:
         return bool(self.matching(failure, derived, cell, backend))
+
+
+def declared(entries: list[Expectation], cell: Cell, thunder_version: str | None, backend: str | None) -> list[str]:
+    """What the entries holding for ``cell`` on this Thunder version (and ``backend``) declare
+    of it, whatever their area: a declaration is about the Thunder, not about one check."""
+    return sorted(
+        {d for e in entries if e.holds_for(thunder_version) and when_names(e.when, cell, backend) for d in e.declares}
+    )
 
 
 def first_sentence(text: str) -> str:
@@ -192,9 +213,9 @@ def _entry(raw: Any, where: str, template_sources: list[str] | None = None) -> E
 
     if not isinstance(raw, dict):
         raise bad("an [[xfail]] entry must be a table")
-    unknown = sorted(set(raw) - set(FIELDS))
+    unknown = sorted(set(raw) - set(FIELDS) - set(OPTIONAL))
     if unknown:
-        raise bad(f"unknown field(s) {', '.join(unknown)} (fields: {', '.join(FIELDS)})")
+        raise bad(f"unknown field(s) {', '.join(unknown)} (fields: {', '.join(FIELDS + OPTIONAL)})")
     missing = [f for f in FIELDS if f not in raw]
     if missing:
         raise bad(f"missing field(s) {', '.join(missing)}")
@@ -224,6 +245,12 @@ def _entry(raw: Any, where: str, template_sources: list[str] | None = None) -> E
             SpecifierSet(spec)
         except InvalidSpecifier:
             raise bad(f"thunder: {spec!r} is not a PEP 440 version specifier (e.g. '==0.2.6')") from None
+    declares = raw.get("declares", [])
+    if not isinstance(declares, list) or not all(isinstance(d, str) for d in declares):
+        raise bad("declares must be a list of strings")
+    if undeclarable := [d for d in declares if d not in DECLARATIONS]:
+        known = ", ".join(f"{k} ({v})" for k, v in DECLARATIONS.items())
+        raise bad(f"declares: unknown {', '.join(map(repr, undeclarable))} (known: {known})")
     failures = raw["failures"]
     if not isinstance(failures, list) or not failures:
         raise bad("failures must be a non-empty list of templates (strings, or {template, when} tables)")

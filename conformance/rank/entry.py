@@ -8,6 +8,7 @@ every rank (``conformance.rank.entry:run_cell``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -31,16 +32,17 @@ from conformance.rank.train import generator, train
 _ROUND_TRIP_KEY = 1_000
 
 
-def run_cell(axes: dict[str, Any]) -> dict[str, Any]:
+def run_cell(axes: dict[str, Any], declared: Sequence[str] = ()) -> dict[str, Any]:
     """Every applicable check area's findings on this rank, or why the cell could not be
-    built, as JSON for the controller."""
+    built, as JSON for the controller. ``declared``: what the xfails file declares of the
+    Thunder under test in this cell (conformance/checks/declared.py)."""
     cell = Cell(**axes)
     if cell.simulated:
-        return run_simulated(cell).to_json()
+        return run_simulated(cell, frozenset(declared)).to_json()
     areas = [area for name, area in AREAS.items() if applies(cell, name)]
     refused = expects_reset_error(cell)  # a negative cell: only its refusal is judged
     try:
-        run = drive(cell)
+        run = drive(cell, frozenset(declared))
     except Unsupported as exc:
         return CellResult(unsupported=str(exc)).to_json()
     except TypeError as exc:
@@ -52,7 +54,7 @@ def run_cell(axes: dict[str, Any]) -> dict[str, Any]:
     return CellResult({area.name: judged(area.check, run) for area in areas}, run.timings).to_json()
 
 
-def drive(cell: Cell) -> CellRecord:
+def drive(cell: Cell, declared: frozenset[str] = frozenset()) -> CellRecord:
     """Build the cell, record its setup, train it, run its scenario, round-trip its state dict."""
     rank, world = dist.get_rank(), dist.get_world_size()
     clock.restart()
@@ -93,6 +95,7 @@ def drive(cell: Cell) -> CellRecord:
         ),
         timings={"setup_s": composed.setup_s, **training.timings, "thunder_s": clock.thunder_s()},
         scenario=scenario,
+        declared=declared,
     )
 
 

@@ -44,19 +44,19 @@ def fake_world(rank: int, world_size: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def run_simulated(cell: Cell) -> CellResult:
+def run_simulated(cell: Cell, declared: frozenset[str] = frozenset()) -> CellResult:
     """Every applicable area's findings on the sampled rank this process stands for."""
     rank = sampled_ranks(cell.world_size)[int(os.environ["RANK"])]
     areas = [area for name, area in AREAS.items() if applies(cell, name)]
     with fake_world(rank, cell.world_size):
         try:
-            run = drive(cell, rank)
+            run = drive(cell, rank, declared)
         except Unsupported as exc:
             return CellResult(unsupported=str(exc))
         return CellResult({area.name: judged(area.simulated, run) for area in areas}, run.timings)
 
 
-def drive(cell: Cell, rank: int) -> SimulatedRecord:
+def drive(cell: Cell, rank: int, declared: frozenset[str] = frozenset()) -> SimulatedRecord:
     """Build the cell on the meta device, compose it, run one forward and backward."""
     parts = recipe(cell, DEVICE)
     with torch.device("meta"):
@@ -81,4 +81,5 @@ def drive(cell: Cell, rank: int) -> SimulatedRecord:
         ),
         timings={"setup_s": composed.setup_s, "step0_s": time.perf_counter() - began},
         traces=final_traces(tm),
+        declared=declared,
     )

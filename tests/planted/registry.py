@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Sequence
 from typing import Any
 
 from tests.planted.record import PlantedBug
@@ -40,8 +41,8 @@ RECORDS: tuple[PlantedBug, ...] = tuple(walk())
 BUGS: dict[str, PlantedBug] = {bug.name: bug for bug in RECORDS}
 
 
-def run_cell_with_bug(bug: str, axes: dict[str, Any]) -> dict[str, Any]:
+def run_cell_with_bug(bug: str, axes: dict[str, Any], declared: Sequence[str] = ()) -> dict[str, Any]:
     from conformance.rank.entry import run_cell
 
     with BUGS[bug].patch():
-        return run_cell(axes)
+        return run_cell(axes, declared)

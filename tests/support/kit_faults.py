@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -65,8 +65,8 @@ FAULTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
 }
 
 
-def run_cell_with_fault(fault: str, axes: dict[str, Any]) -> dict[str, Any]:
+def run_cell_with_fault(fault: str, axes: dict[str, Any], declared: Sequence[str] = ()) -> dict[str, Any]:
     from conformance.rank.entry import run_cell
 
     with FAULTS[fault]():
-        return run_cell(axes)
+        return run_cell(axes, declared)

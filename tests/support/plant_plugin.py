@@ -17,13 +17,14 @@ KIT_FAULT_ENV = "CONFORMANCE_KIT_FAULT"
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
+    runner = config.stash[RUNNER]
     if KIT_FAULT_ENV in os.environ:
         fault = os.environ[KIT_FAULT_ENV]
-        config.stash[RUNNER].cell_task = lambda cell: protocol.Task(
-            "tests.support.kit_faults:run_cell_with_fault", {"fault": fault, "axes": cell.axes()}
+        runner.cell_task = lambda cell: protocol.Task(
+            "tests.support.kit_faults:run_cell_with_fault", {"fault": fault, **runner.cell_payload(cell)}
         )
         return
     bug = os.environ[ENV]
-    config.stash[RUNNER].cell_task = lambda cell: protocol.Task(
-        "tests.planted.registry:run_cell_with_bug", {"bug": bug, "axes": cell.axes()}
+    runner.cell_task = lambda cell: protocol.Task(
+        "tests.planted.registry:run_cell_with_bug", {"bug": bug, **runner.cell_payload(cell)}
     )

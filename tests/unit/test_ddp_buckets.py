@@ -11,6 +11,7 @@ from torch import nn
 
 from conformance.checks import memory, memory_terms
 from conformance.checks.collectives import DDP_DEFAULT_BUCKET_MB, ddp_bucket_mb, ddp_buckets, expected_counts
+from conformance.checks.declared import UNBUCKETED
 from conformance.checks.traces import FinalTraces
 from conformance.matrix.cells import Cell
 from fixtures.inits import INITS
@@ -57,33 +58,35 @@ def test_a_tied_weight_is_packed_once() -> None:
     assert ddp_buckets(m, "none") == [["a"], ["b"], ["c"], ["d"]]
 
 
-def _ddp_run(bucketing: str, all_reduces: int | None) -> types.SimpleNamespace:
-    """The fields of a DDP cell's record that the memory area's terms read; its backward trace
-    all-reduces ``all_reduces`` tensors (None: no trace was recorded)."""
+def _ddp_run(bucketing: str, declared: frozenset[str] = frozenset(), all_reduces: int = 0) -> types.SimpleNamespace:
+    """The fields of a DDP cell's record that the memory area's terms read: what the xfails
+    file ``declared`` of the Thunder there, and a backward trace that all-reduces
+    ``all_reduces`` tensors (which the terms must never read)."""
     from thunder.distributed.prims import PrimIDs
 
     cell = Cell(model="sized", init="real", composition="ddp_jit", bucketing=bucketing)
-    bsyms = [types.SimpleNamespace(sym=types.SimpleNamespace(id=PrimIDs.ALL_REDUCE))] * (all_reduces or 0)
-    backward = types.SimpleNamespace(bound_symbols=bsyms)
+    bsyms = [types.SimpleNamespace(sym=types.SimpleNamespace(id=PrimIDs.ALL_REDUCE))] * all_reduces
     return types.SimpleNamespace(
         cell=cell,
         eager_model=Sized(),
         device=torch.device("cpu"),
         backend="gloo",
         init=INITS["real"],
-        traces=None if all_reduces is None else FinalTraces(forward=None, backward=backward),
+        traces=FinalTraces(forward=None, backward=types.SimpleNamespace(bound_symbols=bsyms)),
+        declared=declared,
     )
 
 
-def test_memory_holds_the_bucket_buffers_only_where_the_backward_packs() -> None:
+def test_memory_holds_the_bucket_buffers_the_rule_packs_unless_the_xfails_file_declares_none() -> None:
     # layer buckets: [a, b, c] (720 B) and [d] (32 B), each one flat buffer held from the first
-    # backward on; a backward that all-reduces each of the 4 gradients alone packs nothing, so
-    # the held bound leaves nothing for buffers that do not exist (a leak would hide there)
-    assert memory_terms.terms(_ddp_run("layer", all_reduces=2)).gradient_buckets == 720 + 32
-    assert memory_terms.terms(_ddp_run("layer", all_reduces=4)).gradient_buckets == 0
-    assert memory_terms.terms(_ddp_run("layer", all_reduces=None)).gradient_buckets == 720 + 32  # no trace: the bound
-    # without buckets nothing is packed, whatever the trace
-    assert memory_terms.terms(_ddp_run("none", all_reduces=4)).gradient_buckets == 0
+    # backward on, whatever the backward trace shows: a Thunder's own trace never widens its bound
+    for all_reduces in (2, 4):
+        assert memory_terms.terms(_ddp_run("layer", all_reduces=all_reduces)).gradient_buckets == 720 + 32
+    # where the xfails file declares that this Thunder packs nothing, the held bound leaves
+    # nothing for buffers that do not exist (a leak would hide there)
+    assert memory_terms.terms(_ddp_run("layer", frozenset({UNBUCKETED}), all_reduces=2)).gradient_buckets == 0
+    # without buckets nothing is packed
+    assert memory_terms.terms(_ddp_run("none")).gradient_buckets == 0
 
 
 def test_the_measured_steps_phases_start_from_the_bucket_buffers_a_packing_backward_left() -> None:
@@ -94,8 +97,8 @@ def test_the_measured_steps_phases_start_from_the_bucket_buffers_a_packing_backw
     from conformance.checks.record import MEASURED_STEP
 
     assert MEASURED_STEP > 0
-    for all_reduces, kept in ((2, 720 + 32), (4, 0)):
-        run = _ddp_run("layer", all_reduces)
+    for declared, kept in ((frozenset(), 720 + 32), (frozenset({UNBUCKETED}), 0)):
+        run = _ddp_run("layer", declared)
         model = memory_terms.terms(run)
         gradients = sum(p.numel() * 4 for p in run.eager_model.parameters() if p.requires_grad)
         run.steps = [types.SimpleNamespace(optimizer="SGD")] * 3

@@ -155,6 +155,27 @@ def test_an_entry_naming_a_backend_holds_on_that_backend_only() -> None:
     assert not entry.covers(cell, "collectives", PIN)  # a backend unknown to the caller: not covered
 
 
+def test_a_declaration_holds_where_its_entry_holds_whatever_the_area() -> None:
+    # the collectives entry's declaration shapes the memory area's bounds: it is about the
+    # Thunder in those cells, on those versions (and backends), not about one check
+    entry = _entry(when={"bucketing": ["layer"], "backend": ["gloo"]}, declares=["unbucketed"])
+    other = _entry(area="memory", when={"model": ["mlp"]}, thunder=["==0.2.1"], declares=["unbucketed"])
+    layer, none = Cell("mlp", "real", "fsdp_jit", bucketing="layer"), Cell("mlp", "real", "fsdp_jit")
+    assert xfails.declared([entry, other], layer, PIN, "gloo") == ["unbucketed"]
+    assert xfails.declared([entry, other], none, PIN, "gloo") == []
+    assert xfails.declared([entry, other], layer, PIN, "nccl") == []
+    assert xfails.declared([entry, other], layer, "0.2.1", "nccl") == ["unbucketed"]
+    assert xfails.declared([entry], layer, None, "gloo") == []  # an unknown version: no entry holds
+
+
+def test_the_pins_declarations_are_the_entries_that_excuse_unapplied_bucketing() -> None:
+    entries = xfails.load(DEFAULT_XFAILS)
+    declaring = [e for e in entries if e.declares]
+    assert declaring and all(e.declares == ["unbucketed"] for e in declaring)
+    assert all("(the count without bucketing)" in str(e.failures[0]) for e in declaring)
+    assert all(e.holds_for(PIN) for e in declaring)
+
+
 def test_the_kits_file_loads_with_each_entrys_line_and_every_entry_names_versions() -> None:
     entries = xfails.load(DEFAULT_XFAILS)
     headers = [n for n, line in enumerate(DEFAULT_XFAILS.read_text().splitlines(), 1) if line == "[[xfail]]"]
@@ -215,6 +236,8 @@ BAD = {
     "unknown-area": (ENTRY.replace('"collectives"', '"colectives"'), r"x\.toml:1: unknown area 'colectives'"),
     "unknown-axis": (ENTRY.replace("model =", "modle ="), r"x\.toml:1: when: unknown axis 'modle'"),
     "unknown-key": ('thunder = "0.2.6"\n' + ENTRY, r"x\.toml: unknown top-level key\(s\) thunder"),
+    "unknown-declaration": (ENTRY + 'declares = ["bucketless"]\n', r"x\.toml:1: declares: unknown 'bucketless'"),
+    "declares-not-a-list": (ENTRY + 'declares = "unbucketed"\n', r"x\.toml:1: declares must be a list"),
 }
 
 
