@@ -35,6 +35,7 @@ from conformance.reports.time_share import time_share
 # the profiles whose cells the coverage contract speaks of (conformance/matrix/contract.py)
 CONTRACTED_PROFILES = ("ci", "nightly", "full")
 PART_OF_SUITE = "This run asked for part of the suite: the baseline's items it did not run set no exit status."
+STOPPED = "This run stopped early (-x, or interrupted): the baseline's items it did not reach set no exit status."
 
 
 class Judged(Protocol):
@@ -128,7 +129,7 @@ class Reporter:
         if self.baseline is not None:
             name, old = self.baseline
             comparison = compare(old, report, name, str(self.dir))
-            lost = lost_over_baseline(comparison, self.whole_run)
+            lost = lost_over_baseline(comparison, self.whole_run and not stopped)
             if lost and exitstatus == pytest.ExitCode.OK:
                 # every item conformed or was excused, but something that conformed no longer does
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -146,7 +147,7 @@ class Reporter:
         text = summary(report, self.session.repro, figure, scale)
         if comparison is not None:
             (self.dir / "compare.json").write_text(json.dumps(comparison.to_json(), indent=2))
-            note = None if self.whole_run else PART_OF_SUITE
+            note = PART_OF_SUITE if not self.whole_run else STOPPED if stopped else None
             text = text.rstrip("\n") + "\n\n" + markdown(comparison, note=note)
         (self.dir / "summary.md").write_text(text)
 

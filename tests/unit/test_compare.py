@@ -23,7 +23,7 @@ from conformance.reports import environment, history, writer
 from conformance.reports.comparison import compare
 from conformance.reports.outcomes import excuse
 from conformance.reports.session import SessionInfo
-from conformance.reports.writer import PART_OF_SUITE, Reporter
+from conformance.reports.writer import PART_OF_SUITE, STOPPED, Reporter
 from tests.support.suite_runs import ROOT
 
 TIED_CELL = Cell("tied_lm", "real", "fsdp_jit", tie="tied")
@@ -491,7 +491,7 @@ def no_picture(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def finish_against_baseline(
-    tmp_path: Path, new: dict[str, Any], exitstatus: int, whole_run: bool = True
+    tmp_path: Path, new: dict[str, Any], exitstatus: int, whole_run: bool = True, shouldfail: str | bool = False
 ) -> tuple[SimpleNamespace, Terminal]:
     """A Reporter with ``--baseline`` on the excerpt, fed ``new``'s items and ended as pytest
     would end the session with ``exitstatus``: the session as it stands after, what it printed."""
@@ -499,7 +499,7 @@ def finish_against_baseline(
     (tmp_path / "old.json").write_text(json.dumps(ci_report()))
     terminal = Terminal()
     config = SimpleNamespace(pluginmanager=SimpleNamespace(get_plugin={"terminalreporter": terminal}.get))
-    session = SimpleNamespace(exitstatus=exitstatus, config=config)
+    session = SimpleNamespace(exitstatus=exitstatus, config=config, shouldfail=shouldfail)
     reporter = Reporter(
         tmp_path / "report",
         SessionInfo("gloo", 2, "ci", False, ROOT / "xfails.toml", True),
@@ -547,6 +547,16 @@ def test_baseline_items_a_partial_run_did_not_ask_for_set_no_exit_status(tmp_pat
     assert session.exitstatus == 1
     session, _ = finish_against_baseline(tmp_path / "lost", degraded(ci_report()), 0, whole_run=False)
     assert session.exitstatus == 1  # what it did run and lost still counts
+
+
+def test_baseline_items_a_stopped_run_did_not_reach_are_not_called_lost(tmp_path: Path, no_picture: None) -> None:
+    # -x ends the run at its first failure: the cells after it vanished from nothing
+    unreached = ci_report()
+    unreached["cells"] = [i for i in unreached["cells"] if i.get("cell") != LLAMA]
+    session, terminal = finish_against_baseline(tmp_path, unreached, 1, shouldfail="stopping after 1 failures")
+    assert session.exitstatus == 1 and terminal.lines == []
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert STOPPED in summary and PART_OF_SUITE not in summary
 
 
 def suite_config(*args: str, keyword: str = "", markexpr: str = "", deselect: list[str] | None = None) -> Any:
