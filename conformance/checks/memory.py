@@ -104,10 +104,13 @@ def check_simulated(run: SimulatedRecord) -> Findings:
 
 def _setup_bound(run: CellRecord | SimulatedRecord, model: Terms, estimate: int) -> int:
     """Setup's bound: under meta init the shards and buffers plus the copies materialization
-    makes of the largest module; under real init the estimate with its factor."""
+    makes of the largest module; under real init the estimate with its factor, exactly the
+    estimate under DDP (the construction eager measured: DDP allocates nothing of its own)."""
     if run.init.on_meta:
         world = run.cell.world_size
         return model.resident + MATERIALIZATION_COPIES * largest_module_bytes(run.eager_model, world, run.device)
+    if replicated(run):
+        return estimate
     return int(ESTIMATE_FACTOR * estimate)
 
 

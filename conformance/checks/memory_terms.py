@@ -69,12 +69,16 @@ def setup_estimate(run: CellRecord | SimulatedRecord, resident: int) -> int:
     Real init builds the whole model as eager PyTorch does (its peak measured when the kit
     built the eager model: construction is the user's code, not Thunder's), then shards one
     parameter at a time: cut from a padded copy and cloned, the originals released at the
-    end. Meta init materializes one module's tensors at a time, pads a copy of each to cut
+    end; DDP shards nothing (its broadcast writes each tensor in place), so its setup is the
+    construction alone. Meta init materializes one module's tensors at a time, pads a copy of each to cut
     its shard from, and keeps only the shards (``resident`` in the end: shards and buffers);
     from a transformed (already sharded) state dict only shards are made.
     """
     world, device = held_world(run), run.device
     eager_model = run.eager_model
+    if replicated(run) and not run.init.on_meta:
+        # DDP cuts nothing: setup is the user's construction, then a broadcast in place
+        return max(run.memory.eager_peaks["setup"], resident)
     if run.init.on_meta:
         if plan(run.cell).materialize == "transformed":
             return resident

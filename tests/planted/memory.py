@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.planted.cells import ALL, BF16, MODULE_INIT, NONE, REAL, ZERO3_REAL
+from tests.planted.cells import ALL, BF16, BROADCAST, DDP, MODULE_INIT, NONE, REAL, ZERO3_REAL, Pred
 from tests.planted.patching import thunder_steps
 from tests.planted.record import Expect, planted
 
@@ -142,4 +142,49 @@ def tensor_leaked_per_step() -> Iterator[None]:
 
     kept: list[Any] = []
     with thunder_steps(lambda tm, out: kept.append(torch.zeros(2, device=out.device))):
+        yield
+
+
+# a float32 model's construction peaks at the model itself; below float32 it is built in
+# float32 and cast, a peak of at least twice the model, which hides a copy of it
+DDP_BROADCAST_FLOAT32: Pred = lambda c: DDP(c) and BROADCAST(c) and not BF16(c)  # noqa: E731
+
+
+@planted(
+    {"memory": Expect(DDP_BROADCAST_FLOAT32, NONE, "setup peak")},
+    cells=(DDP_BROADCAST_FLOAT32, lambda c: DDP(c) and BROADCAST(c) and BF16(c), lambda c: DDP(c) and not BROADCAST(c)),
+)
+@contextlib.contextmanager
+def ddp_broadcast_staged() -> Iterator[None]:
+    """DDP's initial broadcast stages every parameter and buffer in a copy and writes them
+    back after the last one (a coalesced broadcast without a bucket cap): setup's peak gains
+    the model's bytes, and nothing is held after it."""
+    import torch
+    import torch.distributed as dist
+    from thunder.distributed.transforms import ddp_v2
+
+    staged: list[tuple[Any, Any]] = []
+
+    class Staging:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(dist, name)
+
+        def broadcast(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            copy = tensor.detach().clone()
+            staged.append((tensor, copy))
+            return dist.broadcast(copy, *args, **kwargs)
+
+    original = ddp_v2.DDPTransform.transform_module
+
+    def transform_module(self: Any, model: Any) -> Any:
+        out = original(self, model)
+        with torch.no_grad():
+            for tensor, copy in staged:
+                tensor.copy_(copy)
+        staged.clear()
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ddp_v2, "tdist", Staging())
+        mp.setattr(ddp_v2.DDPTransform, "transform_module", transform_module)
         yield

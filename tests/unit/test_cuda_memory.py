@@ -45,9 +45,11 @@ def test_pieces_and_sums_round_each_tensor() -> None:
     assert piece_bytes(960, 2, CUDA) == 512 and piece_bytes(960, 2, CPU) == 480
 
 
-def _run(device: torch.device, init: str = "real", world: int = 2, bucketing: str = "none") -> Any:
+def _run(
+    device: torch.device, init: str = "real", world: int = 2, bucketing: str = "none", composition: str = "jit_fsdp"
+) -> Any:
     """The fields of a CellRecord that the memory area's arithmetic reads."""
-    cell = Cell(model="mlp", init=init, composition="jit_fsdp", world_size=world, bucketing=bucketing)
+    cell = Cell(model="mlp", init=init, composition=composition, world_size=world, bucketing=bucketing)
     return types.SimpleNamespace(
         cell=cell,
         eager_model=MLP(),
@@ -105,6 +107,20 @@ def test_setup_estimate_and_bounds_round_each_tensor() -> None:
     assert memory._late_release(gloo_on_cuda) == 1024
     assert memory._late_release(_run(CPU)) == 960
     assert memory._late_release(_run(CUDA)) == 0  # NCCL: no late release
+
+
+def test_ddp_setup_under_real_init_is_the_construction_exactly() -> None:
+    # DDP cuts nothing and broadcasts in place: no FSDP walk, no factor. The eager model's
+    # construction peaked at 1000 B here, under the model's 1628 B: the model bounds it
+    ddp = _run(CPU, composition="ddp_jit")
+    model = memory_terms.terms(ddp)
+    assert memory_terms.setup_estimate(ddp, model.resident) == 1628
+    assert memory._setup_bound(ddp, model, 1628) == 1628
+    ddp.memory.eager_peaks["setup"] = 2400  # a construction that made and dropped a temporary
+    assert memory_terms.setup_estimate(ddp, model.resident) == 2400
+    # FSDP's bound keeps its factor over the sharding walk
+    fsdp = _run(CPU)
+    assert memory._setup_bound(fsdp, memory_terms.terms(fsdp), 1000) == 1250
 
 
 def test_the_gloo_allowance_is_one_bucket_or_one_parameter_where_the_xfails_file_says_so() -> None:
