@@ -22,8 +22,8 @@ Exact (on CPU the tracker counts bytes exactly; on CUDA up to the allocator's bl
 Bounded:
 - setup: under meta init the shards and buffers plus three copies of the largest module's
   own tensors (materialization goes module by module; sharding one holds the unsharded
-  tensor, its padded copy and the shard cut from it); under real init ESTIMATE_FACTOR x the
-  model's arithmetic (``setup_estimate``);
+  tensor, its padded copy and the shard cut from it); under real init the model's arithmetic
+  (``setup_estimate``), exactly (on CUDA FSDP's with ESTIMATE_FACTOR: the allocator's blocks);
 - forward (the measured step: SGD, no optimizer state): the unsharded parameters (gathered
   and, under ZERO2, saved for the backward) plus ACTIVATION_FACTOR x eager's forward peak on
   the same input (the float32 twin's below float32: Thunder computes low-precision chains in
@@ -41,6 +41,8 @@ phase allocates (``dataflow.py``), reported beside the measurement.
 from __future__ import annotations
 
 import dataclasses
+
+import torch
 
 from conformance.checks.area import Area
 from conformance.checks.collectives import buckets
@@ -104,12 +106,15 @@ def check_simulated(run: SimulatedRecord) -> Findings:
 
 def _setup_bound(run: CellRecord | SimulatedRecord, model: Terms, estimate: int) -> int:
     """Setup's bound: under meta init the shards and buffers plus the copies materialization
-    makes of the largest module; under real init the estimate with its factor, exactly the
-    estimate under DDP (the construction eager measured: DDP allocates nothing of its own)."""
+    makes of the largest module; under real init the estimate itself, exact: DDP's is the
+    construction eager measured (DDP allocates nothing of its own), FSDP's the walk over its
+    sharding, which the CPU tracker reads to the byte. On CUDA FSDP's estimate has a factor:
+    the caching allocator may serve a tensor from a larger cached block, which its statistics
+    count whole and the arithmetic does not model."""
     if run.init.on_meta:
         world = run.cell.world_size
         return model.resident + MATERIALIZATION_COPIES * largest_module_bytes(run.eager_model, world, run.device)
-    if replicated(run):
+    if replicated(run) or torch.device(run.device).type == "cpu":
         return estimate
     return int(ESTIMATE_FACTOR * estimate)
 

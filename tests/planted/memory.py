@@ -188,3 +188,32 @@ def ddp_broadcast_staged() -> Iterator[None]:
         mp.setattr(ddp_v2, "tdist", Staging())
         mp.setattr(ddp_v2.DDPTransform, "transform_module", transform_module)
         yield
+
+
+FSDP_REAL: Pred = lambda c: REAL(c) and not DDP(c)  # noqa: E731
+
+
+# in float32 the sharding walk is setup's peak and the bound is that walk, exactly; below
+# float32 the construction (in float32, then the cast) may peak higher than the walk plus the
+# copy, by a margin the model decides
+@planted(
+    {"memory": Expect(lambda c: FSDP_REAL(c) and not BF16(c), lambda c: FSDP_REAL(c) and BF16(c), "setup peak")},
+    cells=(lambda c: FSDP_REAL(c) and not BF16(c), lambda c: FSDP_REAL(c) and BF16(c), lambda c: not REAL(c)),
+)
+@contextlib.contextmanager
+def largest_parameter_copied_while_sharding() -> Iterator[None]:
+    """Sharding keeps a copy of the largest parameter until every shard is cut: setup's peak
+    gains that one tensor, 10 to 31% of the walk's estimate on ci's models (under the old
+    factor of 1.25, litgpt's two, lora, dropout_head, tie_group and root_owned passed)."""
+    from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
+
+    original = FSDPTransform.transform_module
+
+    def transform_module(self: Any, model: Any) -> Any:
+        largest = max(model.parameters(), key=lambda p: p.numel())
+        copy = largest.detach().clone()  # noqa: F841 (held on purpose)
+        return original(self, model)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FSDPTransform, "transform_module", transform_module)
+        yield
