@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from conformance.checks.area import Area
+from conformance.checks.buckets import buckets, ddp_buckets
 from conformance.checks.findings import Findings
 from conformance.checks.record import CellRecord, SimulatedRecord
 from conformance.checks.reductions import REDUCING, bytes_derived, judge_backward
@@ -34,71 +35,6 @@ from conformance.checks.storages import distinct_storages, padded_bytes
 from conformance.checks.traces import KINDS, collective_symbols, issued
 from fixtures.compositions import COMPOSITIONS
 from transforms.policies import proxy_bytes
-
-
-def bucket_of(name: str, bucketing: str) -> str:
-    path = name.split(".")
-    if bucketing == "layer":
-        return ".".join(path[:-1])
-    if bucketing == "block":
-        numbered = [i for i, part in enumerate(path) if part.isdigit()]
-        return ".".join(path[: numbered[0] + 1]) if numbered else name
-    return name
-
-
-def buckets(module: torch.nn.Module, bucketing: str, trainable_only: bool = False) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for name in distinct_storages(module, trainable_only):
-        out.setdefault(bucket_of(name, bucketing), []).append(name)
-    return out
-
-
-# DDP's ``bucket_size_in_mb`` per bucketing value (the axis is FSDP's; for DDP it names a
-# bucket size): ``none`` 0, each gradient all-reduced alone and in place; ``block`` Thunder's
-# default, 25 MB (the kit's CPU models fit one bucket per dtype); ``layer`` the largest
-# trainable gradient's size, so that a model's gradients fill several buckets and the
-# packing's boundaries are exercised.
-DDP_DEFAULT_BUCKET_MB = 25.0
-
-
-def ddp_bucket_mb(module: torch.nn.Module, bucketing: str) -> float:
-    if bucketing == "none":
-        return 0.0
-    if bucketing == "block":
-        return DDP_DEFAULT_BUCKET_MB
-    largest = max((_nbytes(p) for p in distinct_storages(module, trainable_only=True).values()), default=0)
-    return largest / 2**20  # exact: a division by a power of two
-
-
-def ddp_buckets(module: torch.nn.Module, bucketing: str) -> list[list[str]]:
-    """The buckets DDP packs the trainable gradients into, as its documentation states the
-    rule: per dtype, in the parameters' order, a bucket closes once it holds at least
-    ``bucket_size_in_mb``, and what is left at the end is one more; with a size of 0, one
-    gradient each (all-reduced in place)."""
-    storages = distinct_storages(module, trainable_only=True)
-    cap = ddp_bucket_mb(module, bucketing) * 2**20
-    if cap <= 0:
-        return [[n] for n in storages]
-    by_dtype: dict[torch.dtype, list[str]] = {}
-    for n, p in storages.items():
-        by_dtype.setdefault(p.dtype, []).append(n)
-    out: list[list[str]] = []
-    for names in by_dtype.values():
-        current: list[str] = []
-        held = 0
-        for n in names:
-            current.append(n)
-            held += _nbytes(storages[n])
-            if held >= cap:
-                out.append(current)
-                current, held = [], 0
-        if current:
-            out.append(current)
-    return out
-
-
-def _nbytes(p: torch.Tensor) -> int:
-    return p.numel() * p.element_size()
 
 
 def expected_counts(
@@ -193,9 +129,7 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
     storages = distinct_storages(run.eager_model).values()
     gathered_bytes = 0 if replicated else sum(padded_bytes(p, run.cell.world_size) for p in storages)
     got_bytes = _out_bytes(symbols["forward"]["all_gather"])
-    found.equal(
-        "forward all-gathered bytes", got_bytes, gathered_bytes, bytes_derived(gathered_bytes, cell.world_size)
-    )
+    found.equal("forward all-gathered bytes", got_bytes, gathered_bytes, bytes_derived(gathered_bytes, cell.world_size))
     world = cell.world_size
     for label, backward in backward_traces(run):
         judge_backward(found, label, backward, run.eager_model, world, replicated, bytes_=True)

@@ -45,7 +45,7 @@ import dataclasses
 import torch
 
 from conformance.checks.area import Area
-from conformance.checks.collectives import buckets
+from conformance.checks.buckets import buckets
 from conformance.checks.dataflow import estimated_peak
 from conformance.checks.declared import UNBUCKETED
 from conformance.checks.findings import Findings

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from conformance.checks.collectives import ddp_bucket_mb, ddp_buckets
+from conformance.checks.buckets import ddp_bucket_mb, ddp_buckets
 from conformance.checks.declared import UNBUCKETED
 from conformance.checks.record import CellRecord, SimulatedRecord
 from conformance.checks.storages import (

@@ -8,7 +8,7 @@ dtype, and the reduction is what averages it. Under FSDP each gradient is reduce
 with dim 0 padded up to a multiple of the world size (the forward's all-gather produced the
 padded tensor; the reduce-scatter cuts its gradient back into the shards), so the bytes
 reduce-scattered are ``storages.padded_bytes`` of the trainable storages; under DDP each is
-all-reduced whole. Buckets (FSDP's, or DDP's ``collectives.ddp_buckets``) pack these same
+all-reduced whole. Buckets (FSDP's, or DDP's ``buckets.ddp_buckets``) pack these same
 gradients into flat buffers, one per bucket and dtype: the total is the same with or without
 bucketing, so no alternative needs naming here, and the counts stay the collectives area's
 say. Any collective whose input dtype is not its gradients' dtype is a finding naming it: a

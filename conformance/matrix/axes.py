@@ -33,7 +33,7 @@ def valid(row: dict[str, Any]) -> bool:
     if "model" in row and MODELS[row["model"]].output_dropout is not None and row.get("scenario", "train") != "train":
         return False
     # FSDP's sharding does not apply to DDP: its cells carry the default (bucketing names a
-    # bucket size there: collectives.ddp_bucket_mb)
+    # bucket size there: buckets.ddp_bucket_mb)
     replicated = "composition" in row and COMPOSITIONS[row["composition"]].replicated
     return not (replicated and row.get("sharding", "zero2") != "zero2")
 

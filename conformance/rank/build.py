@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conformance.checks.collectives import ddp_bucket_mb
+from conformance.checks.buckets import ddp_bucket_mb
 from conformance.checks.storages import tied_duplicates
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import SetupPlan, StateDictKind, plan
@@ -136,7 +136,7 @@ def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
     }
     if recipe.init.broadcast:
         options["broadcast_from"] = recipe.source
-    # DDP: the bucket size the cell's bucketing names (collectives.ddp_bucket_mb), and a
+    # DDP: the bucket size the cell's bucketing names (buckets.ddp_bucket_mb), and a
     # broadcast only where the init mode asks for one (DDP's own default broadcasts rank 0)
     ddp_options = {
         "bucket_size_in_mb": ddp_bucket_mb(eager_model.module, recipe.cell.bucketing),

@@ -1,5 +1,5 @@
 """The buckets DDP must pack gradients into, derived from the model and the bucket size the
-cell's bucketing names (conformance/checks/collectives.py): per dtype, in the parameters'
+cell's bucketing names (conformance/checks/buckets.py): per dtype, in the parameters'
 order, a bucket closes once it holds at least the cap; frozen parameters are never packed."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from conformance.checks import memory, memory_terms
-from conformance.checks.collectives import DDP_DEFAULT_BUCKET_MB, ddp_bucket_mb, ddp_buckets, expected_counts
+from conformance.checks.buckets import DDP_DEFAULT_BUCKET_MB, ddp_bucket_mb, ddp_buckets
+from conformance.checks.collectives import expected_counts
 from conformance.checks.declared import UNBUCKETED
 from conformance.checks.traces import FinalTraces
 from conformance.matrix.cells import Cell

@@ -230,7 +230,7 @@ def test_ci_meets_every_scenario_pairwise_and_compiles_litgpt_again_only_for_its
 def test_ddp_takes_rows_of_cis_array_and_has_nightly_arrays_of_its_own() -> None:
     # ci: DDP's compositions are grown onto the one array (every pair: the test above) in rows
     # at FSDP's default sharding, which does not apply to them; bucketing there names a bucket
-    # size (collectives.ddp_buckets). nightly: a pairwise array over the values that apply
+    # size (buckets.ddp_buckets). nightly: a pairwise array over the values that apply
     ddp = [c for c in RUNS if COMPOSITIONS[c.composition].replicated]
     assert {c.composition for c in ddp} == {"ddp_jit", "jit_ddp"}
     assert all(c.sharding == "zero2" for c in ddp) and {c.bucketing for c in ddp} == set(BUCKETINGS)
