@@ -16,8 +16,9 @@ from conformance.checks.findings import CellResult
 from conformance.checks.registry import AREAS, applies
 from conformance.frontend import baseline, ledger
 from conformance.frontend.blame import KIT, THUNDER, Blame, KitError, blame
+from conformance.frontend.known_elsewhere import known_elsewhere
 from conformance.frontend.runner import Runner
-from conformance.frontend.xfails import Expectation, KnownNonConformance, known_elsewhere
+from conformance.frontend.xfails import Expectation, KnownNonConformance
 from conformance.matrix import simulated
 from conformance.matrix.cells import Cell
 from conformance.reports.outcomes import UNSUPPORTED

@@ -13,7 +13,7 @@ item still fails, an item that an entry covers but that conforms fails as well (
 stale), and so does a whole run in which a template matched nothing (frontend/ledger.py).
 Where the Thunder version is unknown no entry covers anything. An entry that names the cell
 and would explain a failure but holds for other versions only excuses nothing either: the
-failing item's message names it (``known_elsewhere``).
+failing item's message names it (``frontend/known_elsewhere.py``).
 
 A file that cannot be read, is not TOML, or holds an unknown or missing field, a bad template
 or a bad specifier raises ``XfailsError`` with one line naming the file and the line.
@@ -47,7 +47,6 @@ OPTIONAL = ("declares",)  # what the entry declares of the Thunder beside its fa
 _HEADER = re.compile(r"^\s*\[\[\s*xfail\s*\]\]")
 __all__ = [
     "Expectation",
-    "KnownElsewhere",
     "KnownNonConformance",
     "XfailsError",
     "declared",
@@ -134,66 +133,6 @@ def declared(entries: list[Expectation], cell: Cell, thunder_version: str | None
     return sorted(
         {d for e in entries if e.holds_for(thunder_version) and when_names(e.when, cell, backend) for d in e.declares}
     )
-
-
-def first_sentence(text: str) -> str:
-    """Up to the first full stop followed by a capital letter (as findings.md shows reasons)."""
-    return re.split(r"(?<=[.!?])\s+(?=[A-Z])", text.strip(), maxsplit=1)[0]
-
-
-@dataclasses.dataclass(frozen=True)
-class KnownElsewhere:
-    """An entry that names an item's cell and area and would explain some of its unexpected
-    failures, but that does not hold for the Thunder under test: a fork, or a version the
-    file was not measured on. It excuses nothing; it tells an upstream failure from a new one."""
-
-    entry: str  # FILE:LINE of the entry
-    thunder: list[str]  # its specifiers
-    explains: list[str]  # the first lines of the failures it would explain
-    note: str  # the line the item's failure message carries
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def known_elsewhere(
-    cell: Cell,
-    area: str,
-    thunder_version: str | None,
-    backend: str | None,
-    entries: list[Expectation],
-    unexpected: list[str],
-    derived: Mapping[str, Mapping[str, float]] | None = None,
-) -> list[KnownElsewhere]:
-    """The entries naming ``cell``'s ``area`` that do not hold for ``thunder_version`` but would
-    explain some of the ``unexpected`` failures (those no entry holding for it explains; their
-    numbers checked against ``derived``: failure -> what the kit derived), one each, in file order."""
-    if thunder_version is None:
-        tested = "; the version under test is unknown"
-    else:
-        try:
-            Version(thunder_version)
-            tested = f", not declared for {thunder_version}"
-        except InvalidVersion:
-            tested = f"; the version under test is unknown ({thunder_version!r} is not a PEP 440 version)"
-    found = []
-    for entry in entries:
-        if entry.holds_for(thunder_version) or not entry.names(cell, area, backend):
-            continue
-        explained = [
-            failure.split("\n", 1)[0]
-            for failure in unexpected
-            if entry.explains(failure, (derived or {}).get(failure), cell, backend)
-        ]
-        if not explained:
-            continue
-        which = ""
-        if len(explained) < len(unexpected):  # name them: the others are new on any version
-            quoted = "; ".join(f'"{head}"' for head in explained)
-            which = f", for {len(explained)} of the {len(unexpected)} unexpected failures ({quoted})"
-        note = f"known on {', '.join(entry.thunder)} ({entry.source}){tested}{which}: {first_sentence(entry.reason)}"
-        found.append(KnownElsewhere(entry.source, list(entry.thunder), explained, note))
-    return found
 
 
 def _header_lines(text: str) -> list[int]:
