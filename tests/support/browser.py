@@ -45,6 +45,7 @@ def chromium() -> str:
 class Visit:
     dom: str
     requests: list[str]  # every URL the page asked for, its own first
+    blocked: dict[str, str]  # URL -> why the browser refused it before it left ("csp")
     errors: list[str]  # uncaught script exceptions and console errors (a CSP refusal is one)
     screenshot: Path | None
 
@@ -105,7 +106,7 @@ class Browser:
             screenshot.write_bytes(base64.b64decode(png))
         events = [e for e in self._events if e.get("sessionId") == session]
         self._send("Target.closeTarget", {"targetId": target})
-        return Visit(dom, _requests(events), _errors(events), screenshot)
+        return Visit(dom, _requests(events), _blocked(events), _errors(events), screenshot)
 
     def _send(self, method: str, params: dict[str, Any] | None = None, session: str | None = None) -> dict[str, Any]:
         self._next += 1
@@ -142,6 +143,19 @@ class Browser:
 
 def _requests(events: list[dict[str, Any]]) -> list[str]:
     return [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"]
+
+
+def _blocked(events: list[dict[str, Any]]) -> dict[str, str]:
+    urls = {
+        e["params"]["requestId"]: e["params"]["request"]["url"]
+        for e in events
+        if e["method"] == "Network.requestWillBeSent"
+    }
+    return {
+        urls.get(e["params"]["requestId"], "?"): e["params"]["blockedReason"]
+        for e in events
+        if e["method"] == "Network.loadingFailed" and e["params"].get("blockedReason")
+    }
 
 
 def _errors(events: list[dict[str, Any]]) -> list[str]:

@@ -73,6 +73,23 @@ def failing(report: dict[str, Any]) -> dict[str, Any]:
     return counted(report)
 
 
+def runs_folder(folder: Path) -> Path:
+    """pin and 0.2.6 clean (0.2.6 the pin's report under another version), then a planted run
+    of part of the suite."""
+    pin = clean()
+    release = json.loads(json.dumps(pin))
+    release["environment"]["thunder"] = "0.2.6"
+    release["started"] = "2026-11-25T01:00:00+00:00"
+    planted = failing(pin)
+    planted["started"] = "2026-11-26T01:00:00+00:00"
+    planted["whole_run"] = False
+    planted["cells"] = [i for i in planted["cells"] if i.get("cell") in (DDP, NEOX)]
+    for name, report in (("pin", pin), ("0.2.6", release), ("planted", planted)):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "report.json").write_text(json.dumps(report))
+    return folder
+
+
 class Elements(HTMLParser):
     """Every element's attributes, by tag, from a page or a DOM the browser dumped."""
 

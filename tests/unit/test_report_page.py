@@ -14,7 +14,7 @@ from conformance import dashboard
 from conformance.reports import html, site
 from conformance.reports.session import SessionInfo
 from conformance.reports.writer import Reporter
-from tests.support.pages import DDP, HOSTILE, NEOX, Elements, clean, failing
+from tests.support.pages import HOSTILE, Elements, clean, failing, runs_folder
 from tests.support.suite_runs import ROOT
 
 DATA = re.compile(r'<script type="application/json" id="data">(.*?)</script>', re.S)
@@ -89,25 +89,8 @@ def test_the_writer_writes_the_page_with_the_runs_repro(tmp_path: Path) -> None:
     assert passed["repro"] == session.repro(passed["id"])
 
 
-def _runs(folder: Path) -> Path:
-    """pin and 0.2.6 clean (0.2.6 the pin's report under another version), then a planted run
-    of part of the suite."""
-    pin = clean()
-    release = json.loads(json.dumps(pin))
-    release["environment"]["thunder"] = "0.2.6"
-    release["started"] = "2026-11-25T01:00:00+00:00"
-    planted = failing(pin)
-    planted["started"] = "2026-11-26T01:00:00+00:00"
-    planted["whole_run"] = False
-    planted["cells"] = [i for i in planted["cells"] if i.get("cell") in (DDP, NEOX)]
-    for name, report in (("pin", pin), ("0.2.6", release), ("planted", planted)):
-        (folder / name).mkdir(parents=True)
-        (folder / name / "report.json").write_text(json.dumps(report))
-    return folder
-
-
 def test_the_dashboard_shows_the_planted_runs_regressions_alone(tmp_path: Path, capsys) -> None:
-    runs = _runs(tmp_path / "runs")
+    runs = runs_folder(tmp_path / "runs")
     assert dashboard.main([str(runs), "--out", str(tmp_path / "site")]) == 0
     index = tmp_path / "site" / "index.html"
     assert capsys.readouterr().out.strip() == str(index)
