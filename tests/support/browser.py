@@ -18,14 +18,22 @@ import os
 import select
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-CANDIDATES = ("chromium", "chromium-browser", "/usr/bin/chromium")
+# Debian's package first; Google Chrome (GitHub's ubuntu runners have it) speaks the same protocol
+CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 TIMEOUT_S = 30.0
+TRAMPOLINE = (
+    "import os, sys\n"
+    "a, b = int(sys.argv[1]), int(sys.argv[2])\n"
+    "os.dup2(a, 3); os.dup2(b, 4); os.close(a); os.close(b)\n"
+    "os.execv(sys.argv[3], sys.argv[3:])\n"
+)
 WINDOW = (1400, 1000)
 
 
@@ -52,24 +60,26 @@ class Visit:
 
 class Browser:
     def __init__(self, executable: str, profile: Path) -> None:
-        to_browser_r, self._write = os.pipe()
-        self._read, from_browser_w = os.pipe()
-
-        def fds() -> None:  # the protocol's pipe is the child's fd 3 (in) and 4 (out)
-            # moved above 10 first: either end may itself be fd 3 or 4 and be overwritten
-            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_browser_r, from_browser_w)]
-            os.dup2(high[0], 3)
-            os.dup2(high[1], 4)
-
+        to_browser, self._write = os.pipe()
+        self._read, from_browser = os.pipe()
+        # the protocol's pipe is the browser's fd 3 (in) and 4 (out): a Python trampoline puts it
+        # there and execs the browser (no preexec_fn: unsafe beside threads), from fds above 10
+        # so that neither end is itself 3 or 4 and overwritten on the way
+        ends = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_browser, from_browser)]
+        for fd in (to_browser, from_browser):
+            os.close(fd)
         args = [executable, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe"]
         # no background traffic of the browser's own: the machine may have no network at all
         args += ["--no-first-run", "--disable-background-networking", "--disable-component-update"]
         args += ["--disable-sync", "--mute-audio", f"--user-data-dir={profile}", "about:blank"]
         self._proc = subprocess.Popen(
-            args, preexec_fn=fds, pass_fds=(3, 4), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [sys.executable, "-c", TRAMPOLINE, *map(str, ends), *args],
+            pass_fds=ends,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
-        os.close(to_browser_r)
-        os.close(from_browser_w)
+        for fd in ends:
+            os.close(fd)
         self._buffer = b""
         self._next = 0
         self._events: list[dict[str, Any]] = []

@@ -70,6 +70,7 @@ def failing(report: dict[str, Any]) -> dict[str, Any]:
         f"{HOSTILE}\nrepro: {repro(memory['id'])}"
     )
     item(report, NEOX, "memory")["metrics"]["measured"]["backward"] += 1024
+    report["exit_status"] = 1
     return counted(report)
 
 
