@@ -14,7 +14,7 @@ pre{background:#f7f7f7;padding:6px;overflow-x:auto;white-space:pre-wrap}
 .passed,.xpassed{background:#cdeccd}.failed{background:#f5b5b5}.error{background:#d9c2f0}
 .xfailed{background:#fbe3a6}.unsupported{background:#dcdcdc}.skipped{background:#eee}.none{background:#fff}
 .warn{color:#a00;font-weight:bold}#filters select{margin:0 .6em .3em 0}#filters label{white-space:nowrap}
-.num{text-align:right}.regression{color:#a00}.fix{color:#060}svg{background:#fff}
+#runs td.o{white-space:nowrap}.num{text-align:right}.regression{color:#a00}.fix{color:#060}svg{background:#fff}
 """
 
 REPORT_SCRIPT = r"""

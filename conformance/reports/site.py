@@ -22,11 +22,11 @@ from conformance.reports.history import PANELS, Night, nights, series
 from conformance.reports.html import document, page
 from conformance.reports.noise import noise
 from conformance.reports.svg import Line, line_chart
-from conformance.reports.writer import PART_OF_SUITE
 
 SHOWN = ("passed", "xfailed", "failed")  # the table's counts; error, unsupported and skipped beside them
 COUNTED = ("passed", "xfailed", "failed", "error", "unsupported")  # the history of counts
 COLORS = {"passed": "#2a7", "xfailed": "#d90", "failed": "#c33", "error": "#84c", "unsupported": "#888"}
+PARTIAL = "This run asked for part of the suite: what the run before ran and it did not is not counted as vanished."
 NAMED = 8  # cells named per metric chart: those farthest beyond noise on their last run
 
 
@@ -123,6 +123,8 @@ def _table(runs: list[Night]) -> str:
 
 
 def _counts(counts: dict[str, int], area: str) -> str:
+    if not counts:  # the run has no item of this area
+        return f'<td class="o none" data-area="{html.escape(area)}">–</td>'
     main = " / ".join(str(counts.get(o, 0) + (counts.get("xpassed", 0) if o == "passed" else 0)) for o in SHOWN)
     rest = ", ".join(f"{n} {o}" for o, n in sorted(counts.items()) if o not in (*SHOWN, "xpassed"))
     worst = (
@@ -144,15 +146,15 @@ def _step(step: Step) -> str:
         f'data-fixes="{len(step.fixes)}"><h3>{title}</h3>'
     ]
     if step.partial:
-        parts.append(f"<p>{e(PART_OF_SUITE)}</p>")
+        parts.append(f"<p>{e(PARTIAL)}</p>")
     if not step.regressions and not step.fixes:
         parts.append("<p>No regression, no fix.</p>")
     if step.regressions:
-        parts.append(f'<p class="regression">{len(step.regressions)} regressions:</p><ul>')
+        parts.append(f'<p class="regression">Regressions ({len(step.regressions)}):</p><ul>')
         parts += [f'<li class="regression">{_change(r, step.night.label)}</li>' for r in step.regressions]
         parts.append("</ul>")
     if step.fixes:
-        parts.append(f'<p class="fix">{len(step.fixes)} fixed:</p><ul>')
+        parts.append(f'<p class="fix">Fixed ({len(step.fixes)}):</p><ul>')
         parts += [f'<li class="fix">{_change(f, step.night.label)}</li>' for f in step.fixes]
         parts.append("</ul>")
     return "\n".join([*parts, "</section>"])
