@@ -1,5 +1,6 @@
-"""The report writer: report.jsonl as each item finishes, report.json, summary.md,
-memory.png and (with simulated cells) scale.png at the end; with a baseline report,
+"""The report writer: report.jsonl as each item finishes, report.json, summary.md, report.html
+(the page: conformance/reports/html.py), memory.png and (with simulated cells) scale.png at
+the end; with a baseline report,
 compare.json and the comparison appended to summary.md, and exit status 1 where a capability
 was lost over the baseline and nothing else failed.
 
@@ -26,6 +27,7 @@ from conformance.reports import environment
 from conformance.reports.comparison import VANISHED, Comparison, ItemChange, compare, read_report
 from conformance.reports.comparison_markdown import markdown
 from conformance.reports.figures import memory_figure
+from conformance.reports.html import page
 from conformance.reports.outcomes import outcome, plain_nodeid
 from conformance.reports.scale import scale_figure
 from conformance.reports.session import SessionInfo
@@ -150,6 +152,7 @@ class Reporter:
             note = PART_OF_SUITE if not self.whole_run else STOPPED if stopped else None
             text = text.rstrip("\n") + "\n\n" + markdown(comparison, note=note)
         (self.dir / "summary.md").write_text(text)
+        (self.dir / "report.html").write_text(page(report, self.session.repro))
 
 
 def contract_left(ran: list[Cell], session: SessionInfo, whole_run: bool) -> list[dict[str, Any]] | None:

@@ -29,6 +29,7 @@ ROLES = {
     "frontend": "conformance.frontend",
     "suite": "conformance.test_",  # the test modules of the suite
     "commands": "conformance.compare",  # `python -m` entry points over the reports
+    "dashboard": "conformance.dashboard",  # `python -m conformance.dashboard`: the reports' site
     # `python -m conformance.bisect`: talks to the suite as a user does (pytest's command line,
     # report.json), so it imports nothing else of the kit
     "bisect": "conformance.bisect",
@@ -51,6 +52,7 @@ ALLOWED = {
     "frontend": {"frontend", "world", "checks", "matrix", "reports", "fixtures"},
     "suite": {"matrix", "fixtures"},
     "commands": {"reports"},
+    "dashboard": {"reports"},
     "bisect": {"bisect"},
     "join": {"world"},
     "package": set(),

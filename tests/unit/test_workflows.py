@@ -166,3 +166,18 @@ def test_shellcheck_is_used_where_present() -> None:
     """A note more than a check: without shellcheck actionlint skips the scripts' shell."""
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not on PATH: actionlint checked the workflows without it")
+
+
+def test_nightly_uploads_the_pages_and_names_them_in_the_summary() -> None:
+    """report.html and the dashboard over the previous night and tonight go up as their own
+    artifact, whatever the suite's status, and the job summary says where they are."""
+    nightly = load(NIGHTLY)
+    pages, upload = step(nightly, "Pages"), step(nightly, "Upload pages")
+    assert pages["if"].startswith("always()") and upload["if"].startswith("always()")
+    assert "python -m conformance.dashboard nights --out dashboard" in pages["run"]
+    assert set(upload["with"]["path"].split()) == {"reports/report.html", "dashboard/"}
+    summary = pages["run"].split("GITHUB_STEP_SUMMARY")[0]
+    assert upload["with"]["name"].replace("${{ matrix.name }}", "") in summary
+    assert "reports/report.html" in summary and "dashboard/index.html" in summary
+    names = [s.get("name") for s in steps(nightly)]
+    assert names.index("Compare with the previous night") < names.index("Pages") < names.index("Upload pages")
