@@ -87,8 +87,8 @@ def embedded_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":")).replace("<", "\\u003c")
 
 
-def document(title: str, body: str, script: str = "", data: dict[str, Any] | None = None) -> str:
-    """A page that needs nothing outside itself; ``data`` is embedded for ``script`` to read."""
+def document(title: str, body: str, script: str = "") -> str:
+    """A page that needs nothing outside itself: ``body``, then the inline ``script``."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
