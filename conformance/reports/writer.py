@@ -96,6 +96,7 @@ class Reporter:
         # -x (or a Ctrl-C) ended the run early: what its cells left unmet says nothing of the
         # profile, and asking nightly's array for it would cost half a minute after the verdict
         stopped = bool(getattr(session, "shouldfail", False) or getattr(session, "shouldstop", False))
+        complete = self.whole_run and not stopped  # every cell of the profile asked for and reached
         records = list(self.records.values())
         counts: dict[str, int] = {}
         # coverage is of the cells that ran: one reported unsupported tested nothing
@@ -113,11 +114,12 @@ class Reporter:
             "wall_s": time.time() - self.started,
             # every world start is charged to the one cell that needed it (xdist workers too)
             "profile": self.session.profile,
-            # False where -k, -m or a path narrowed the run: its cells are not the profile's
-            "whole_run": self.whole_run,
+            # False where -k, -m or a path narrowed the run, or it stopped early: its cells are
+            # not the profile's (what a later comparison or the dashboard must not call vanished)
+            "whole_run": complete,
             "coverage": coverage(ran.values(), self.session.nproc),
             "unmet_pairs": unmet_pairs(ran.values(), self.session.nproc, profile=self.session.profile),
-            "unmet_contract": contract_left(list(ran.values()), self.session, self.whole_run and not stopped),
+            "unmet_contract": contract_left(list(ran.values()), self.session, complete),
             "xfails_file": str(self.session.xfails_file),
             "worlds_started": len({r["cell"] for r in records if r.get("metrics", {}).get("world_start_s", 0) > 0}),
             "isolate": self.session.isolate,
@@ -131,7 +133,7 @@ class Reporter:
         if self.baseline is not None:
             name, old = self.baseline
             comparison = compare(old, report, name, str(self.dir))
-            lost = lost_over_baseline(comparison, self.whole_run and not stopped)
+            lost = lost_over_baseline(comparison, complete)
             if lost and exitstatus == pytest.ExitCode.OK:
                 # every item conformed or was excused, but something that conformed no longer does
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -557,6 +557,8 @@ def test_baseline_items_a_stopped_run_did_not_reach_are_not_called_lost(tmp_path
     assert session.exitstatus == 1 and terminal.lines == []
     summary = (tmp_path / "report" / "summary.md").read_text()
     assert STOPPED in summary and PART_OF_SUITE not in summary
+    # and the report says so, for a later comparison and the dashboard
+    assert json.loads((tmp_path / "report" / "report.json").read_text())["whole_run"] is False
 
 
 def suite_config(*args: str, keyword: str = "", markexpr: str = "", deselect: list[str] | None = None) -> Any:
