@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.planted.cells import ALL, BF16, BROADCAST, DDP, MODULE_INIT, NONE, REAL, ZERO3_REAL, Pred
+from tests.planted.cells import ALL, BF16, BROADCAST, DDP, FSDP, MODULE_INIT, NONE, REAL, ZERO3_REAL, Pred
 from tests.planted.patching import thunder_steps
 from tests.planted.record import Expect, planted
 
@@ -190,7 +190,7 @@ def ddp_broadcast_staged() -> Iterator[None]:
         yield
 
 
-FSDP_REAL: Pred = lambda c: REAL(c) and not DDP(c)  # noqa: E731
+FSDP_REAL: Pred = lambda c: REAL(c) and FSDP(c)  # noqa: E731
 
 
 # in float32 the sharding walk is setup's peak and the bound is that walk, exactly; below
