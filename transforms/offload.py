@@ -19,6 +19,7 @@ machines CPU to CPU still exercises the whole rewrite.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -82,6 +83,17 @@ load = executor.register_operator(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """One compilation's offloading as this transform decided it: the forward trace Thunder
+    handed it (before any offload; what it would save and return without offloading) and the
+    names of the saved tensors it offloaded. A check judges the final trace and what autograd
+    holds against this, so a Thunder pass after the transform cannot move the expectation."""
+
+    forward: TraceCtx
+    chosen: tuple[str, ...]
+
+
 def saved_intermediates(trace: TraceCtx, saved: Sequence[TensorProxy], source: torch.device) -> list[TensorProxy]:
     """Offload candidates: tensors in ``saved`` (a forward trace's saved-for-backward, in
     order) that the trace computed on ``source``, neither inputs nor outputs, once each."""
@@ -114,6 +126,7 @@ class OffloadTransform(Transform):
         self.destination = torch.device(destination)
         # from one compilation's forward to its backward: saved tensor name -> offloaded proxy
         self._pending: dict[str, TensorProxy] = {}
+        self.decisions: list[Decision] = []  # every forward it was handed, in order
 
     def transform_trace_post_optimization(self, computation_trace: TraceCtx, **kwargs: Any) -> TraceCtx:
         if TraceTag.AUGMENTED_FORWARD in computation_trace.tags:
@@ -133,6 +146,7 @@ class OffloadTransform(Transform):
         saved = get_saved_for_backward_tensors(trace)
         chosen = self._choose(saved_intermediates(trace, saved, self.source), trace)
         self._pending = {}
+        self.decisions.append(Decision(trace, tuple(t.name for t in chosen)))
         if not chosen:
             return trace
         bsyms = trace.bound_symbols

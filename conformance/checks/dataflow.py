@@ -7,6 +7,7 @@ than explained away. On a CUDA device each storage counts as its allocator block
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -31,9 +32,11 @@ class Lifetime:
     from_input: bool  # unpacked from the trace's arguments: allocated before it ran
 
 
-def lifetimes(trace: Any) -> tuple[dict[str, Lifetime], int]:
+def lifetimes(trace: Any, not_returned: Collection[str] = ()) -> tuple[dict[str, Lifetime], int]:
     """Every storage the trace's tensors live in (named by the proxy that owns it), from its
-    producer to its last consumer (``end`` if returned), and ``end``."""
+    producer to its last consumer (``end`` if returned), and ``end``. The tensors named in
+    ``not_returned`` are taken as returned through a copy made after their last use (as the
+    offloading transform returns them), so their return does not keep their storage alive."""
     from thunder.core.prims import PrimIDs
     from thunder.core.proxies import FutureTensorProxy, TensorProxy
 
@@ -51,7 +54,10 @@ def lifetimes(trace: Any) -> tuple[dict[str, Lifetime], int]:
             owner = root.get(a.name)
             if owner is not None:
                 life = lives[owner]
-                life.last = end if bsym.sym.id == PrimIDs.RETURN else max(life.last, i)
+                if bsym.sym.id != PrimIDs.RETURN:
+                    life.last = max(life.last, i)
+                elif a.name not in not_returned:
+                    life.last = end
         if bsym.sym.id == PrimIDs.RETURN:
             continue
         aliasing = bsym.sym.name in _ALIASES and args and args[0].name in root
@@ -83,10 +89,11 @@ def estimated_peak(trace: Any, device: torch.device | None = None) -> int:
     return peak
 
 
-def estimated_returned(trace: Any, device: torch.device) -> int:
+def estimated_returned(trace: Any, device: torch.device, not_returned: Collection[str] = ()) -> int:
     """Bytes on ``device`` the trace allocates and returns (a forward's outputs and what it
-    saves for backward): what stays allocated between forward and backward."""
-    lives, end = lifetimes(trace)
+    saves for backward): what stays allocated between forward and backward. ``not_returned``:
+    as ``lifetimes``' (the copies themselves are the caller's to count)."""
+    lives, end = lifetimes(trace, not_returned)
     return sum(
         allocated_bytes(life.nbytes, device)
         for life in lives.values()

@@ -1,34 +1,42 @@
 """Offloading: what the reference offloading transform (transforms/offload.py) promises,
 checked on Thunder's final traces and on what autograd holds between forward and backward.
 
-- selection: the saved tensors the policy selects, and only those, are held offloaded (in
-  storages the transform created; on the destination device where it is not the source).
-  The selection expected is the policy applied to the intermediates the forward would save
-  without offloading, rebuilt from the final trace (each offload's input in place of its copy);
+Every expectation comes from the policy and the forward trace Thunder handed the transform
+(its ``Decision``: what the forward saves and returns before any offload), never from the
+final trace, so a Thunder pass after the transform cannot widen what it is judged against.
+
+- selection: the saved tensors the policy selects among the intermediates that forward saves,
+  and only those, are held offloaded (in storages the transform created; on the destination
+  device where it is not the source). The final trace names what autograd holds (each offload's
+  input in place of its copy);
 - forward placement: every offload comes after the last forward use of its tensor, and the
   forward saves the copy instead of the original;
 - backward placement: every copy is loaded in the backward before the loaded tensor's first
   use, and nothing but its load reads the copy;
-- residency: between forward and backward a rank holds on its device at most what the final
-  forward trace returns there (outputs, saved tensors not offloaded; on CPU to CPU the copies
-  too) plus SLACK_BYTES (on CUDA each tensor and the slack rounded up to the allocator's
-  512-byte blocks, as its statistics count them). Where the destination is another device
-  this is the forward's saving: offloaded bytes less than the same trace without offloading.
+- residency: between forward and backward a rank holds on its device at most what the handed
+  forward returns there (outputs and saved tensors), less what the policy moved to another
+  device, plus SLACK_BYTES (on CUDA each tensor and the slack rounded up to the allocator's
+  512-byte blocks, as its statistics count them). On CPU to CPU the copies replace their
+  originals byte for byte.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from conformance.checks.area import Area
 from conformance.checks.dataflow import estimated_returned
 from conformance.checks.findings import Findings
 from conformance.checks.margins import SLACK_BYTES
 from conformance.checks.record import CellRecord
-from conformance.checks.storages import allocated_bytes
+from conformance.checks.storages import allocated_bytes, allocations
 from fixtures.offloads import POLICIES
+from transforms.policies import proxy_bytes
 
 SHOWN = 5  # names listed in a failure
+NEVER_HANDED = "Thunder never handed the offloading transform a forward trace (transform_trace_post_optimization)"
 
 
 def _names(names: set[str]) -> str:
@@ -58,6 +66,7 @@ def saved_without_offloading(forward: Any) -> tuple[list[Any], list[Any]]:
 
 def check(run: CellRecord) -> Findings:
     from thunder.core.prims import PrimIDs
+    from thunder.core.vjp_utils import get_saved_for_backward_tensors
     from thunder.executors.pythonex import clear_mutable_collection
 
     from transforms.offload import load, offload, saved_intermediates
@@ -69,10 +78,14 @@ def check(run: CellRecord) -> Findings:
     autograd_saved = run.memory.saved
     offloads = {b.output.name: (i, b) for i, b in enumerate(forward.bound_symbols) if b.sym.id == offload.id}
     final_saved, saved = saved_without_offloading(forward)
-    candidates = saved_intermediates(forward, saved, run.device)
-    expected = {t.name for t in policy.select(candidates, forward)}
+    # the handed forward: what this compilation would save and return without offloading
+    handed = run.offload.forward if run.offload is not None else None
+    candidates = saved_intermediates(handed, list(get_saved_for_backward_tensors(handed)), run.device) if handed else []
+    chosen = policy.select(candidates, handed) if handed else []
+    expected = {t.name for t in chosen}
 
     with found.expect("saved tensors offloaded"):
+        assert handed is not None, NEVER_HANDED
         assert autograd_saved is not None, "the output has no autograd node holding saved tensors"
         assert len(autograd_saved) == len(saved), (
             f"autograd holds {len(autograd_saved)} saved tensors, the forward trace saves {len(saved)}"
@@ -120,14 +133,21 @@ def check(run: CellRecord) -> Findings:
         found.metrics["load distance"] = {"max": max(distances, default=0), "loads": len(loads)}
 
     with found.expect("held between forward and backward"):
-        estimate = estimated_returned(forward, run.device)
+        assert handed is not None, NEVER_HANDED
+        # what the handed forward returns, each chosen tensor replaced by its copy: the
+        # original's storage goes unless a view of it is returned too or it is an input's (a
+        # saved transposed weight); the copies are new storages, on this device where the
+        # destination is this device (the CPU)
+        copies = allocations(map(proxy_bytes, chosen), run.device) if torch.device(run.device).type == "cpu" else 0
+        estimate = estimated_returned(handed, run.device, not_returned=expected) + copies
         alive = run.memory.alive_after_forward
         # on CUDA a 0-d scalar is a block of its own: the slack is one block there
         bound = estimate + allocated_bytes(SLACK_BYTES, run.device)
         found.metrics["held after forward"] = {"measured": alive, "estimate": estimate, "bound": bound}
         assert alive <= bound, (
-            f"after the forward {alive} bytes it allocated are alive on {run.device}; the trace returns "
-            f"{estimate} there (outputs and saved tensors): offloaded originals were kept"
+            f"after the forward {alive} bytes it allocated are alive on {run.device}; the forward Thunder handed "
+            f"the transform returns {estimate} there (outputs and saved tensors, {len(chosen)} of them as their "
+            "offloaded copies): offloaded originals were kept"
         )
     return found
 

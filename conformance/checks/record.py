@@ -255,6 +255,9 @@ class CellRecord:
     eager_model: nn.Module  # eager single-process model, stepped alongside
     thunder_module: Any  # live, for its shards
     traces: FinalTraces  # Thunder's forward and backward traces of the training steps
+    # what the reference offloading transform decided for those traces' compilation
+    # (transforms.offload.Decision; None where the cell does not offload or it was never asked)
+    offload: Any
     setup: SetupRecord
     steps: list[StepRecord]  # every training step, in order
     state_dict: StateDictRecord

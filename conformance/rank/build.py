@@ -124,6 +124,7 @@ class Composed:
     thunder_module: Any
     setup_peak: int  # bytes allocated at the peak of setup (construction, jit, sharding, materialization)
     setup_s: float
+    transforms: list[Any]  # the cell's transforms beside sharding (cell_transforms), as handed to Thunder
 
 
 def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
@@ -145,6 +146,7 @@ def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
     # What the kit hands over is built outside the measured block: it is the user's memory.
     state = _state_dict(recipe.plan.handed_over, eager_model.module, rank, world)
     materialization_init = _materialization(recipe.plan, state)
+    transforms = cell_transforms(recipe.cell, recipe.device)
     with measure.measure(recipe.device) as setup, thunder_call():
         torch.manual_seed(SEED + (rank if recipe.init.broadcast else 0))
         model = inits.build(recipe.init, recipe.make, recipe.device, recipe.dtype)
@@ -152,7 +154,7 @@ def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
             recipe.device,
             materialization_init,
             options,
-            cell_transforms(recipe.cell, recipe.device),
+            transforms,
             recipe.executors.jit_options(),
             ddp_options,
         )
@@ -161,7 +163,7 @@ def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
             tm.load_original_state_dict(state)
         elif recipe.plan.load_after == "transformed":
             tm.load_state_dict(state)
-    return Composed(tm, setup.peak, time.perf_counter() - began)
+    return Composed(tm, setup.peak, time.perf_counter() - began, transforms)
 
 
 def _materialization(setup: SetupPlan, state: dict[str, torch.Tensor] | None) -> Any:

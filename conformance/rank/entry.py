@@ -67,6 +67,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset()) -> CellRecord:
     setup = record_setup(parts, eager_model, tm)
     training = train(parts, eager_model, tm, rank, world)
     traces = final_traces(tm)  # before a scenario compiles a computation of its own
+    offloading = offload_decision(composed.transforms)  # of the compilation those traces are
     scenario = run_scenario(cell.scenario, parts, eager_model, tm, training.optimizer, rank, world)
     state_dict = round_trip_state_dict(parts, eager_model, tm)
     return CellRecord(
@@ -78,6 +79,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset()) -> CellRecord:
         eager_model=eager_model.module,
         thunder_module=tm,
         traces=traces,
+        offload=offloading,
         setup=setup,
         steps=training.steps,
         state_dict=state_dict,
@@ -97,6 +99,15 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset()) -> CellRecord:
         scenario=scenario,
         declared=declared,
     )
+
+
+def offload_decision(transforms: list[Any]) -> Any:
+    """The offloading transform's decision for the last forward it was handed (None: the cell
+    does not offload, or Thunder never handed it a forward)."""
+    from transforms.offload import OffloadTransform
+
+    decisions = [d for t in transforms if isinstance(t, OffloadTransform) for d in t.decisions]
+    return decisions[-1] if decisions else None
 
 
 def record_setup(parts: Recipe, eager_model: EagerModel, tm: Any) -> SetupRecord:

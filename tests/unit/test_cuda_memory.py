@@ -153,7 +153,7 @@ def test_trace_estimates_round_each_storage_on_cuda(monkeypatch: pytest.MonkeyPa
         "tmp": dataflow.Lifetime(40, 1, 2, on, False),  # freed before the end
         "arg": dataflow.Lifetime(4000, 0, 3, on, True),  # an input: allocated before the trace
     }
-    monkeypatch.setattr(dataflow, "lifetimes", lambda trace: (lives, 3))
+    monkeypatch.setattr(dataflow, "lifetimes", lambda trace, not_returned=(): (lives, 3))
     assert dataflow.estimated_returned(None, CUDA) == 512 + 1024
     assert dataflow.estimated_peak(None, CUDA) == 4096 + 512 + 1024 + 512
     assert dataflow.estimated_peak(None) == 4000 + 100 + 600 + 40  # every device: plain bytes

@@ -125,3 +125,23 @@ def test_largest_fraction_takes_the_largest_until_the_fraction(candidates: list[
 def test_min_bytes_is_a_threshold(candidates: list[_Proxy], threshold: int) -> None:
     chosen = policies.MinBytes(threshold).select(candidates, None)
     assert list(chosen) == [t for t in candidates if policies.proxy_bytes(t) >= threshold]
+
+
+@pytest.mark.parametrize("name", ["all", "largest_fraction"])
+def test_the_forward_handed_to_the_transform_predicts_what_the_final_one_returns(name: str) -> None:
+    """The offload area judges residency against the forward Thunder handed the transform (its
+    Decision), each chosen tensor returned as its copy: with a correct Thunder that is, to the
+    byte, what the final trace's data flow returns."""
+    from conformance.checks.dataflow import estimated_returned
+    from transforms.offload import OffloadTransform
+
+    cpu = torch.device("cpu")
+    transform = OffloadTransform(POLICIES[name], source="cpu", destination="cpu")
+    jitted = thunder.jit(Net(), transforms=[transform])
+    jitted(torch.randn(5, 6))
+    decision = transform.decisions[-1]
+    chosen = [t for t in decision.forward.bound_symbols[-1].flat_proxy_args if t.name in decision.chosen]
+    assert decision.chosen and len({t.name for t in chosen}) == len(decision.chosen)
+    copies = sum(policies.proxy_bytes(t) for t in {t.name: t for t in chosen}.values())
+    predicted = estimated_returned(decision.forward, cpu, not_returned=set(decision.chosen)) + copies
+    assert predicted == estimated_returned(thunder.last_traces(jitted)[-1], cpu)
