@@ -41,18 +41,19 @@ phase allocates (``dataflow.py``), reported beside the measurement.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
 from conformance.checks.area import Area
 from conformance.checks.buckets import buckets
-from conformance.checks.dataflow import estimated_peak
+from conformance.checks.dataflow import estimated_peak, estimated_returned
 from conformance.checks.declared import UNBUCKETED
 from conformance.checks.findings import Findings
-from conformance.checks.margins import ESTIMATE_FACTOR
+from conformance.checks.margins import ESTIMATE_FACTOR, SLACK_BYTES
 from conformance.checks.memory_terms import Terms, largest_module_bytes, replicated, setup_estimate, terms
 from conformance.checks.record import MEASURED_STEP, CellRecord, SimulatedRecord
-from conformance.checks.storages import allocations, distinct_storages, padded_bytes
+from conformance.checks.storages import allocated_bytes, allocations, distinct_storages, padded_bytes
 
 MATERIALIZATION_COPIES = 3
 # Thunder's forward on the torch executor runs decomposed, unfused: beside each intermediate
@@ -83,6 +84,7 @@ def check(run: CellRecord) -> Findings:
     forward = model.unsharded + ACTIVATION_FACTOR * activations + copies + _late_release(run)
     backward = forward + eager.get("float32 backward", eager["backward"])
     traces = run.traces.by_phase()
+    _held_after_forward(run, traces.get("forward"), found)
     for phase, bound in (("forward", forward), ("backward", backward)):
         trace = traces.get(phase)
         diagnostic = estimated_peak(trace, run.device) if trace is not None else None
@@ -138,6 +140,26 @@ def _late_release(run: CellRecord) -> int:
         ),
         default=0,
     )
+
+
+def _held_after_forward(run: CellRecord, forward: Any, found: Findings) -> None:
+    """What the measured forward left alive, against what its trace returns (outputs and the
+    tensors saved for the backward): anything more is a tensor the runtime keeps that the
+    computation does not (a cache, a hook, an unsharded parameter held past its use). The
+    trace states Thunder's own plan, so this judges the runtime against it, not the plan; the
+    peaks, bounded from eager, judge the plan. Cells that offload are the offload area's,
+    against the forward handed to the transform."""
+    if run.cell.offload != "none" or forward is None:
+        return
+    estimate = estimated_returned(forward, run.device)
+    bound = estimate + allocated_bytes(SLACK_BYTES, run.device)  # 0-d scalars beside the tensors
+    alive = run.memory.alive_after_forward
+    found.metrics["held after forward"] = {"measured": alive, "estimate": estimate, "bound": bound}
+    with found.expect("memory held after forward"):
+        assert alive <= bound, (
+            f"after the forward {alive} bytes it allocated are alive on {run.device}; its trace returns "
+            f"{estimate} there (outputs and saved tensors): {alive - estimate} bytes kept beyond them"
+        )
 
 
 def _bounded(found: Findings, phase: str, measured: int, bound: int, estimate: int | None) -> None:

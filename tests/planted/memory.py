@@ -9,7 +9,19 @@ from typing import Any
 
 import pytest
 
-from tests.planted.cells import ALL, BF16, BROADCAST, DDP, FSDP, MODULE_INIT, NONE, REAL, ZERO3_REAL, Pred
+from tests.planted.cells import (
+    ALL,
+    BF16,
+    BROADCAST,
+    DDP,
+    FSDP,
+    MODULE_INIT,
+    NONE,
+    OFFLOADING,
+    REAL,
+    ZERO3_REAL,
+    Pred,
+)
 from tests.planted.patching import thunder_steps
 from tests.planted.record import Expect, planted
 
@@ -142,6 +154,31 @@ def tensor_leaked_per_step() -> Iterator[None]:
 
     kept: list[Any] = []
     with thunder_steps(lambda tm, out: kept.append(torch.zeros(2, device=out.device))):
+        yield
+
+
+@planted(
+    {
+        "memory": Expect(lambda c: not OFFLOADING(c), NONE, "memory held after forward"),
+        "offload": Expect(OFFLOADING, NONE, "offloaded originals were kept"),
+    }
+)
+@contextlib.contextmanager
+def tensor_held_until_backward() -> Iterator[None]:
+    """Every forward stashes a 512-byte tensor that a hook on its output releases when the
+    backward begins: nothing outlives the step (the rows after the backward stay exact), and
+    the forward's peak has room for it; only what is held after the forward shows it (twice
+    the 256-byte slack)."""
+    import torch
+
+    kept: list[Any] = []
+
+    def stash(tm: Any, out: Any) -> None:
+        kept.append(torch.zeros(128, device=out.device))
+        if out.requires_grad:
+            out.register_hook(lambda grad: kept.clear())
+
+    with thunder_steps(stash):
         yield
 
 
