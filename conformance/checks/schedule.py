@@ -152,8 +152,9 @@ def judge(found: Findings, label: str, trace: Any) -> None:
             "wait-to-first-use distance": {"max": max(to_use, default=0)},
             "results unused": len(issues) - len(to_use),
         }
-        with found.expect(f"{label} {kind}s waited"):
+        with found.expect(f"{label} {kind}s asynchronous"):
             assert not sync, _count(sync, len(issues), "issued synchronously (no future to wait on)")
+        with found.expect(f"{label} {kind}s waited"):
             assert not never, _count(never, len(issues), "never waited in this trace")
         with found.expect(f"{label} {kind}s issued when ready"):
             assert not late, _count(late, len(issues), "issued later than their inputs allow")

@@ -48,7 +48,7 @@ class Timeline:
 
 
 @functools.cache
-def _wait_ids() -> frozenset[Any]:
+def wait_ids() -> frozenset[Any]:
     import thunder.executors.torchex as torchex
     from thunder.distributed.prims import PrimIDs
 
@@ -69,7 +69,7 @@ def _bookkeeping_ids() -> frozenset[Any]:
 
 def _inner(bsym: Any) -> list[tuple[str, Any]]:
     """(collective kind or WAIT, bound symbol) inside a fusion region, nested regions included."""
-    kinds, waits, found = symbol_kinds(), _wait_ids(), []
+    kinds, waits, found = symbol_kinds(), wait_ids(), []
     for sub in bsym.subsymbols:
         if sub.sym.id in kinds:
             found.append((kinds[sub.sym.id], sub))
@@ -86,7 +86,7 @@ def _name(proxy: Any) -> str | None:
 
 def timeline(trace: Any) -> Timeline:
     """``trace``'s collectives and waits by position, and what each position needs."""
-    kinds, waits, bookkeeping = symbol_kinds(), _wait_ids(), _bookkeeping_ids()
+    kinds, waits, bookkeeping = symbol_kinds(), wait_ids(), _bookkeeping_ids()
     roles: list[str] = []
     names: list[str] = []
     needs: list[int] = []
