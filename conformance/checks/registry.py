@@ -3,7 +3,16 @@ one module exposing ``AREA`` and one line here (and its ``conformance/test_<area
 
 from __future__ import annotations
 
-from conformance.checks import collectives, materialization, memory, numerics, offload, sharding, state_dict
+from conformance.checks import (
+    collectives,
+    materialization,
+    memory,
+    numerics,
+    offload,
+    schedule,
+    sharding,
+    state_dict,
+)
 from conformance.checks.area import Area
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import expects_reset_error
@@ -14,6 +23,7 @@ AREAS: dict[str, Area] = {
         materialization.AREA,
         numerics.AREA,
         collectives.AREA,
+        schedule.AREA,
         state_dict.AREA,
         memory.AREA,
         offload.AREA,

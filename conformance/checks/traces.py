@@ -27,7 +27,7 @@ def final_traces(thunder_module: Any) -> FinalTraces:
 
 
 @functools.cache
-def _symbol_kinds() -> dict[Any, str]:
+def symbol_kinds() -> dict[Any, str]:
     """Symbol ids of each collective: the distributed prim and the torch executor's impl."""
     import thunder.executors.torchex as torchex
     from thunder.distributed.prims import PrimIDs
@@ -47,7 +47,7 @@ def issued(trace: Any) -> list[tuple[str, Any]]:
     bound symbols, and those inside fusion regions (an executor such as torch.compile's may
     fuse a collective into a region, where it still runs). A collective's own sub-symbols
     are never read: they would count one collective twice."""
-    kinds = _symbol_kinds()
+    kinds = symbol_kinds()
     found: list[tuple[str, Any]] = []
 
     def visit(bsyms: Any) -> None:
