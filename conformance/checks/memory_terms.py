@@ -48,6 +48,19 @@ def held_world(run: CellRecord | SimulatedRecord) -> int:
     return 1 if replicated(run) else run.cell.world_size
 
 
+def gathered_padding(run: CellRecord) -> int:
+    """What the padding of the all-gathers adds beside a forward trace's data flow: Thunder's
+    trace names each gathered parameter by its own shape, but the runtime gathers dim 0
+    padded to the world size and the trace's tensor is a view of that, so a gathered
+    parameter the forward keeps holds its padding too. At most every parameter's (0 under
+    DDP, which gathers nothing)."""
+    if replicated(run):
+        return 0
+    world, device = run.cell.world_size, run.device
+    storages = distinct_storages(run.eager_model).values()
+    return sum(allocated_bytes(padded_bytes(p, world), device) - allocated_bytes(p.nbytes, device) for p in storages)
+
+
 def largest_module_bytes(module: nn.Module, world_size: int, device: torch.device | str = "cpu") -> int:
     """The most bytes of parameters and buffers that any one module owns directly (dim 0
     padded to the world size, as sharding pads it; on CUDA each tensor rounded)."""
