@@ -112,6 +112,34 @@ def test_a_gather_issued_right_before_its_wait_is_named() -> None:
     assert any("forward all_gathers issued when ready: 1 of 2" in f for f in found.failures), found.failures
 
 
+def _zero3_forward(late_at: int | None) -> list[Any]:
+    """Four layers under ZERO3, the fourth layer's gather issued with the others (None) or at
+    position ``late_at`` of the layers' waits and compute."""
+    gathers = [gather(f"w{k}", f"f{k}") for k in range(1, 5)]
+    body = [b for k in range(1, 5) for b in (wait(f"f{k}", f"g{k}"), op(f"h{k}", f"h{k - 1}", f"g{k}"))]
+    if late_at is not None:
+        body.insert(late_at, gathers.pop())
+    return [*gathers, *body, ret("h4")]
+
+
+def _judged_zero3(*bsyms: Any) -> Findings:
+    found = Findings()
+    judge(found, "forward", SimpleNamespace(bound_symbols=list(bsyms)), zero3=True)
+    return found
+
+
+def test_zero3_may_hold_a_gather_back_only_while_three_are_in_flight() -> None:
+    # Thunder's older split capped ZERO3's all-gathers in flight at 3 (limit_in_flight_allgathers):
+    # the fourth gather goes right after the first wait, before the compute it frees a slot for
+    assert not _judged_zero3(*_zero3_forward(None)).failures
+    at_cap = _judged_zero3(*_zero3_forward(1))
+    assert not at_cap.failures, at_cap.failures
+    below = _judged_zero3(*_zero3_forward(2))  # layer 1's compute ran with only 2 in flight
+    assert any("forward all_gathers issued when ready: 1 of 4" in f for f in below.failures), below.failures
+    # without ZERO3 no gather may stand back at all
+    assert any("issued when ready" in f for f in _judged(*_zero3_forward(1)).failures)
+
+
 def test_a_gradient_waited_before_the_compute_after_it_is_named() -> None:
     found = _judged(
         op("d2", "c"), reduce("d2", "r2"), wait("r2", "s2"), op("d1", "c", "h"), reduce("d1", "r1"), wait("r1", "s1"),
