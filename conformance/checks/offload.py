@@ -15,7 +15,8 @@ final trace, so a Thunder pass after the transform cannot widen what it is judge
   use, and nothing but its load reads the copy;
 - residency: between forward and backward a rank holds on its device at most what the handed
   forward returns there (outputs and saved tensors), less what the policy moved to another
-  device, plus SLACK_BYTES (on CUDA each tensor and the slack rounded up to the allocator's
+  device, plus every parameter's all-gather padding under FSDP (a kept gathered parameter is
+  a view of its padded storage) and SLACK_BYTES (on CUDA each tensor and the slack rounded up to the allocator's
   512-byte blocks, as its statistics count them). On CPU to CPU the copies replace their
   originals byte for byte.
 """
@@ -81,8 +82,10 @@ def check(run: CellRecord) -> Findings:
     final_saved, saved = saved_without_offloading(forward)
     # the handed forward: what this compilation would save and return without offloading
     handed = run.offload.forward if run.offload is not None else None
-    candidates = saved_intermediates(handed, list(get_saved_for_backward_tensors(handed)), run.device) if handed else []
-    chosen = policy.select(candidates, handed) if handed else []
+    candidates, chosen = [], []
+    if handed is not None:
+        candidates = saved_intermediates(handed, list(get_saved_for_backward_tensors(handed)), run.device)
+        chosen = list(policy.select(candidates, handed))
     expected = {t.name for t in chosen}
 
     with found.expect("saved tensors offloaded"):
