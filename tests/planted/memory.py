@@ -17,7 +17,6 @@ from tests.planted.cells import (
     FSDP,
     MODULE_INIT,
     NONE,
-    OFFLOADING,
     REAL,
     ZERO3_REAL,
     Pred,
@@ -154,96 +153,6 @@ def tensor_leaked_per_step() -> Iterator[None]:
 
     kept: list[Any] = []
     with thunder_steps(lambda tm, out: kept.append(torch.zeros(2, device=out.device))):
-        yield
-
-
-@planted(
-    {
-        "memory": Expect(lambda c: not OFFLOADING(c), NONE, "memory held after forward"),
-        "offload": Expect(OFFLOADING, NONE, "offloaded originals were kept"),
-    }
-)
-@contextlib.contextmanager
-def tensor_held_until_backward() -> Iterator[None]:
-    """Every forward stashes a 512-byte tensor that a hook on its output releases when the
-    backward begins: nothing outlives the step (the rows after the backward stay exact), and
-    the forward's peak has room for it; only what is held after the forward shows it (twice
-    the 256-byte slack)."""
-    import torch
-
-    kept: list[Any] = []
-
-    def stash(tm: Any, out: Any) -> None:
-        kept.append(torch.zeros(128, device=out.device))
-        if out.requires_grad:
-            out.register_hook(lambda grad: kept.clear())
-
-    with thunder_steps(stash):
-        yield
-
-
-def _largest_gather_beyond_room(cell: Any) -> bool:
-    """Whether the model's largest gathered parameter (dim 0 padded) exceeds the room the
-    held-after-forward bound leaves in the worst case: the slack and every parameter's padding."""
-    import torch
-
-    from conformance.checks.margins import SLACK_BYTES
-    from conformance.checks.storages import distinct_storages, padded_bytes
-    from fixtures.models import fixture_for
-
-    with torch.device("meta"):
-        model = fixture_for(cell.model, cell.spec).build(cell.tie == "tied").to(getattr(torch, cell.dtype))
-    storages = distinct_storages(model).values()
-    padded = [padded_bytes(p, cell.world_size) for p in storages]
-    padding = sum(padded) - sum(p.nbytes for p in storages)
-    return max(padded, default=0) > SLACK_BYTES + padding
-
-
-FSDP_PLAIN: Pred = lambda c: FSDP(c) and not OFFLOADING(c)  # noqa: E731
-FSDP_OFFLOADING: Pred = lambda c: FSDP(c) and OFFLOADING(c)  # noqa: E731
-
-
-@planted(
-    {
-        "memory": Expect(lambda c: FSDP_PLAIN(c) and _largest_gather_beyond_room(c), FSDP_PLAIN, "held after forward"),
-        "offload": Expect(lambda c: FSDP_OFFLOADING(c) and _largest_gather_beyond_room(c), FSDP_OFFLOADING, "kept"),
-    },
-    cells=(
-        lambda c: FSDP_PLAIN(c) and _largest_gather_beyond_room(c),
-        lambda c: FSDP_OFFLOADING(c) and _largest_gather_beyond_room(c),
-        DDP,
-    ),
-)
-@contextlib.contextmanager
-def gathered_unit_held_until_backward() -> Iterator[None]:
-    """Each forward keeps a buffer the size of its largest all-gather (a gathered parameter
-    the runtime holds though its trace frees it) until the backward begins. Inside the
-    forward peak's room and gone before the step ends; DDP gathers nothing and conforms."""
-    import torch
-    import torch.distributed as dist
-    from thunder.core.module import ThunderModule
-
-    gather, forward = dist.all_gather_into_tensor, ThunderModule.forward
-    inside, kept = [False], []
-
-    def all_gather_into_tensor(output: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
-        if inside[0] and (not kept or output.numel() > kept[0].numel()):  # Thunder's, not the kit's
-            kept[:] = [torch.empty_like(output)]
-        return gather(output, input, *args, **kwargs)
-
-    def thunder_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        inside[0] = True
-        try:
-            out = forward(self, *args, **kwargs)
-        finally:
-            inside[0] = False
-        if out.requires_grad:
-            out.register_hook(lambda grad: kept.clear())
-        return out
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(dist, "all_gather_into_tensor", all_gather_into_tensor)
-        mp.setattr(ThunderModule, "forward", thunder_forward)
         yield
 
 
