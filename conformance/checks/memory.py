@@ -20,10 +20,10 @@ Exact (on CPU the tracker counts bytes exactly; on CUDA up to the allocator's bl
   tensors of the shard shapes beside it.
 
 Bounded:
-- setup: under meta init the shards and buffers plus three copies of the largest module's
-  own tensors (materialization goes module by module; sharding one holds the unsharded
-  tensor, its padded copy and the shard cut from it); under real init the model's arithmetic
-  (``setup_estimate``), exactly (on CUDA FSDP's with ESTIMATE_FACTOR: the allocator's blocks);
+- setup, exactly on the CPU (on CUDA with ESTIMATE_FACTOR: the allocator's blocks): under
+  meta init the path Thunder's materialization takes, module by module, from eager's
+  initialization of each module on its own and the model's arithmetic (``setup_path.py``);
+  under real init the model's arithmetic (``setup_estimate``; DDP's is eager's construction);
 - forward (the measured step: SGD, no optimizer state): the unsharded parameters (gathered
   and, under ZERO2, saved for the backward) plus ACTIVATION_FACTOR x eager's forward peak on
   the same input (the float32 twin's below float32: Thunder computes low-precision chains in
@@ -54,7 +54,7 @@ from conformance.checks.margins import ESTIMATE_FACTOR, SLACK_BYTES
 from conformance.checks.memory_terms import (
     Terms,
     gathered_padding,
-    largest_module_bytes,
+    meta_setup,
     replicated,
     setup_estimate,
     terms,
@@ -62,7 +62,6 @@ from conformance.checks.memory_terms import (
 from conformance.checks.record import MEASURED_STEP, CellRecord, SimulatedRecord
 from conformance.checks.storages import allocated_bytes, allocations, distinct_storages, padded_bytes
 
-MATERIALIZATION_COPIES = 3
 # Thunder's forward on the torch executor runs decomposed, unfused: beside each intermediate
 # eager keeps, at most one more of the same size is alive, so twice eager's forward peak
 ACTIVATION_FACTOR = 2
@@ -78,8 +77,7 @@ def check(run: CellRecord) -> Findings:
 
     _held_after_setup(run, model, found)
 
-    estimate = setup_estimate(run, model.resident)
-    _bounded(found, "setup", memory.peaks["setup"], _setup_bound(run, model, estimate), estimate=estimate)
+    _setup(run, model, memory.peaks["setup"], found)
 
     held = _held_after_steps(run, model, found)
     eager = memory.eager_peaks
@@ -108,24 +106,37 @@ def check_simulated(run: SimulatedRecord) -> Findings:
     found.metrics["terms"] = dataclasses.asdict(model)
     found.metrics["measured"] = {"setup": run.memory.setup_peak, "alive after setup": run.memory.alive_after_setup}
     _held_after_setup(run, model, found)
-    estimate = setup_estimate(run, model.resident)
-    _bounded(found, "setup", run.memory.setup_peak, _setup_bound(run, model, estimate), estimate=estimate)
+    _setup(run, model, run.memory.setup_peak, found)
     return found
 
 
 def _setup_bound(run: CellRecord | SimulatedRecord, model: Terms, estimate: int) -> int:
-    """Setup's bound: under meta init the shards and buffers plus the copies materialization
-    makes of the largest module; under real init the estimate itself, exact: DDP's is the
-    construction eager measured (DDP allocates nothing of its own), FSDP's the walk over its
-    sharding, which the CPU tracker reads to the byte. On CUDA FSDP's estimate has a factor:
+    """Setup's bound: the estimate itself on the CPU, exact: under meta init the path Thunder's
+    materialization takes (``setup_path.py``); under real init DDP's is the construction eager
+    measured (DDP allocates nothing of its own), FSDP's the walk over its sharding, which the
+    CPU tracker reads to the byte. On CUDA, where arithmetic stands in for a reading, a factor:
     the caching allocator may serve a tensor from a larger cached block, which its statistics
     count whole and the arithmetic does not model."""
-    if run.init.on_meta:
-        world = run.cell.world_size
-        return model.resident + MATERIALIZATION_COPIES * largest_module_bytes(run.eager_model, world, run.device)
-    if replicated(run) or torch.device(run.device).type == "cpu":
+    if torch.device(run.device).type == "cpu" or (replicated(run) and not run.init.on_meta):
         return estimate
     return int(ESTIMATE_FACTOR * estimate)
+
+
+def _setup(run: CellRecord | SimulatedRecord, model: Terms, measured: int, found: Findings) -> None:
+    """Setup's peak against its bound; under meta init the path's parts go to the metrics, and
+    a module eager could not initialize on its own leaves the peak unbounded (a finding)."""
+    estimate = setup_estimate(run, model.resident)
+    if run.init.on_meta:
+        path = meta_setup(run, model.resident)  # the estimate, part by part
+        found.metrics["setup path"] = dataclasses.asdict(path)
+        if path.missing:
+            with found.expect("setup peak"):
+                raise AssertionError(
+                    f"eager could not initialize {path.missing} on its own (no reset_parameters), as Thunder's "
+                    "materialization does: setup's peak has no bound"
+                )
+            return
+    _bounded(found, "setup", measured, _setup_bound(run, model, estimate), estimate=estimate)
 
 
 def _late_release(run: CellRecord) -> int:

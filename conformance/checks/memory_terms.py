@@ -19,11 +19,11 @@ import dataclasses
 from collections.abc import Iterable, Iterator
 
 import torch
-from torch import nn
 
 from conformance.checks.buckets import ddp_bucket_mb, ddp_buckets
 from conformance.checks.declared import UNBUCKETED
 from conformance.checks.record import CellRecord, SimulatedRecord
+from conformance.checks.setup_path import SetupPath, setup_path
 from conformance.checks.storages import (
     allocated_bytes,
     allocations,
@@ -61,18 +61,17 @@ def gathered_padding(run: CellRecord) -> int:
     return sum(allocated_bytes(padded_bytes(p, world), device) - allocated_bytes(p.nbytes, device) for p in storages)
 
 
-def largest_module_bytes(module: nn.Module, world_size: int, device: torch.device | str = "cpu") -> int:
-    """The most bytes of parameters and buffers that any one module owns directly (dim 0
-    padded to the world size, as sharding pads it; on CUDA each tensor rounded)."""
-    return max(
-        (
-            allocations(
-                (padded_bytes(t, world_size) for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))),
-                device,
-            )
-            for m in module.modules()
-        ),
-        default=0,
+def meta_setup(run: CellRecord | SimulatedRecord, resident: int) -> SetupPath:
+    """Setup's peak under meta init, part by part (``setup_path.py``)."""
+    setup = plan(run.cell)
+    return setup_path(
+        run.eager_model,
+        run.memory.module_inits,
+        materialize=setup.materialize,
+        handed_over=setup.handed_over,
+        resident=resident,
+        world=None if replicated(run) else run.cell.world_size,
+        device=run.device,
     )
 
 
@@ -83,9 +82,8 @@ def setup_estimate(run: CellRecord | SimulatedRecord, resident: int) -> int:
     built the eager model: construction is the user's code, not Thunder's), then shards one
     parameter at a time: cut from a padded copy and cloned, the originals released at the
     end; DDP shards nothing (its broadcast writes each tensor in place), so its setup is the
-    construction alone. Meta init materializes one module's tensors at a time, pads a copy of each to cut
-    its shard from, and keeps only the shards (``resident`` in the end: shards and buffers);
-    from a transformed (already sharded) state dict only shards are made.
+    construction alone. Meta init follows Thunder's materialization module by module
+    (``setup_path.py``).
     """
     world, device = held_world(run), run.device
     eager_model = run.eager_model
@@ -93,9 +91,7 @@ def setup_estimate(run: CellRecord | SimulatedRecord, resident: int) -> int:
         # DDP cuts nothing: setup is the user's construction, then a broadcast in place
         return max(run.memory.eager_peaks["setup"], resident)
     if run.init.on_meta:
-        if plan(run.cell).materialize == "transformed":
-            return resident
-        return resident + 2 * largest_module_bytes(eager_model, world, device)
+        return meta_setup(run, resident).peak
     # then parameter by parameter: a padded copy (where dim 0 needs padding) to cut the shard
     # from, the shard cloned into the new parameter; the originals are released once all
     # shards are cut (FSDP walks a list that holds them). Each one allocation (rounded on CUDA).

@@ -139,6 +139,18 @@ class SavedTensor:
 
 
 @dataclasses.dataclass
+class ModuleInit:
+    """Eager PyTorch initializing one module's own tensors as Thunder's materialization does
+    (``conformance/rank/module_init.py``): a meta cell's setup is bounded from these."""
+
+    name: str  # as named_modules gives it ("" for the root)
+    peak: int | None  # bytes at the peak of to_empty + reset_parameters (None: no reset_parameters)
+    kept: int | None  # what its tensors hold after the reset
+    # buffers the reset gave another dtype or shape -> the bytes they hold after it
+    replaced: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
 class MemoryRecord:
     """Bytes on the rank's device. Setup's peak is of what setup allocated; the forward,
     backward and optimizer step of the measured step are read from the end of setup, so they
@@ -154,6 +166,7 @@ class MemoryRecord:
     step_peaks: list[int]  # each optimizer step's peak over what was held just before it
     eager_step_peaks: list[int]  # the same optimizer's, stepping eager tensors of the shard shapes
     saved: list[SavedTensor | None] | None  # held by the autograd node between forward and backward
+    module_inits: list[ModuleInit] = dataclasses.field(default_factory=list)  # meta init only
 
 
 @dataclasses.dataclass
@@ -163,6 +176,7 @@ class SimulatedMemory:
     setup_peak: int  # what setup allocated at its peak
     alive_after_setup: int  # every live storage of more than one element right after setup, less the kit's own
     scalars_after_setup: int  # storages only 0-d tensors view, alive then
+    module_inits: list[ModuleInit] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

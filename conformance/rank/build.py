@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.checks.buckets import ddp_bucket_mb
+from conformance.checks.record import ModuleInit
 from conformance.checks.storages import tied_duplicates
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import SetupPlan, StateDictKind, plan
@@ -22,6 +23,7 @@ from conformance.rank import measure
 from conformance.rank.clock import thunder_call
 from conformance.rank.dropout import replace_output_dropout
 from conformance.rank.gather import Gathered, clones, gather, shard, snapshot
+from conformance.rank.module_init import module_inits
 from fixtures import inits, patterns
 from fixtures.compositions import COMPOSITIONS, Composition, Setup
 from fixtures.executors import EXECUTORS, ExecutorChoice
@@ -93,6 +95,8 @@ class EagerModel:
     initial: dict[str, torch.Tensor]  # CPU copies of its parameters as built
     setup_peak: int  # bytes eager PyTorch allocated at its peak while constructing it
     replicated: bool = False  # the Thunder module holds whole parameters on every rank (DDP)
+    # meta init: each module initialized on its own as Thunder materializes it
+    module_inits: list[ModuleInit] = dataclasses.field(default_factory=list)
 
     def gather(self, tm: Any, grads: bool = False) -> Gathered:
         """The Thunder module's full parameters (or gradients), by this model's names, each
@@ -103,6 +107,13 @@ class EagerModel:
     def kit_pointers(self) -> set[int]:
         """Storages the kit holds for the eager model: not the Thunder module's to account for."""
         return measure.pointers(*self.module.parameters(), *self.module.buffers(), *self.initial.values())
+
+
+def eager_module_inits(recipe: Recipe, device: torch.device) -> list[ModuleInit]:
+    """Eager's initialization of each module Thunder's materialization initializes on its own:
+    every one under module init, only those with non-persistent buffers where it loads a state
+    dict (the rest come from the state dict)."""
+    return module_inits(recipe.make, recipe.dtype, device, non_persistent_only=recipe.plan.materialize != "module")
 
 
 def build_eager_model(recipe: Recipe) -> EagerModel:
@@ -116,6 +127,7 @@ def build_eager_model(recipe: Recipe) -> EagerModel:
         initial=snapshot(module),
         setup_peak=construction.peak,
         replicated=recipe.composition.replicated,
+        module_inits=eager_module_inits(recipe, recipe.device) if recipe.init.on_meta else [],
     )
 
 

@@ -94,6 +94,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset()) -> CellRecord:
             step_peaks=training.step_peaks,
             eager_step_peaks=training.eager_step_peaks,
             saved=training.saved,
+            module_inits=eager_model.module_inits,
         ),
         timings={"setup_s": composed.setup_s, **training.timings, "thunder_s": clock.thunder_s()},
         scenario=scenario,

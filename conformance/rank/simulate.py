@@ -27,7 +27,7 @@ from conformance.checks.traces import final_traces
 from conformance.matrix.cells import Cell
 from conformance.matrix.simulated import sampled_ranks
 from conformance.rank import measure
-from conformance.rank.build import EagerModel, Unsupported, compose, recipe
+from conformance.rank.build import EagerModel, Unsupported, compose, eager_module_inits, recipe
 
 DEVICE = torch.device("cpu")  # shards are real, on the CPU, whatever the session's backend
 
@@ -77,7 +77,10 @@ def drive(cell: Cell, rank: int, declared: frozenset[str] = frozenset()) -> Simu
         eager_model=meta,
         thunder_module=tm,
         memory=SimulatedMemory(
-            setup_peak=composed.setup_peak, alive_after_setup=alive.nbytes, scalars_after_setup=alive.scalars
+            setup_peak=composed.setup_peak,
+            alive_after_setup=alive.nbytes,
+            scalars_after_setup=alive.scalars,
+            module_inits=eager_module_inits(parts, DEVICE) if parts.init.on_meta else [],
         ),
         timings={"setup_s": composed.setup_s, "step0_s": time.perf_counter() - began},
         traces=final_traces(tm),
