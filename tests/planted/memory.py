@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from conformance.matrix.cells import Cell
+from conformance.matrix.plan import plan
 from tests.planted.cells import (
     ALL,
     BF16,
@@ -227,4 +229,51 @@ def largest_parameter_copied_while_sharding() -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(FSDPTransform, "transform_module", transform_module)
+        yield
+
+
+def _module_path(cell: Cell) -> bool:
+    """Meta init materialized through module init: every module initialized on its own."""
+    return not REAL(cell) and plan(cell).materialize == "module"
+
+
+# By design the previous module's tensors are alive beside the next one's init (the loop's
+# state dict). Held one module longer, they show only where three modules' worth exceeds
+# setup's peak: root_owned's root (416 bytes in float32) and lin (288) beside norm's init (88)
+# pass the peak at lin's init (704) by 88; mlp has two modules, so nothing changes there.
+@planted(
+    {"memory": Expect(lambda c: _module_path(c) and c.model == "root_owned", _module_path, "setup peak")},
+    cells=(
+        lambda c: _module_path(c) and c.model == "root_owned",
+        lambda c: _module_path(c) and c.model == "mlp",
+        REAL,
+    ),
+)
+@contextlib.contextmanager
+def materialization_holds_two_modules() -> Iterator[None]:
+    """Module init keeps each module's initialized tensors until two more modules have been
+    initialized, not one: materialization holds three modules at once."""
+    import collections
+
+    import thunder.transforms.materialization as materialization
+    from thunder.core.module import ThunderModule
+
+    original_init = materialization.module_init_from_original_module_init
+    original_load = ThunderModule._transform_and_load_for_submodule
+    held: collections.deque = collections.deque(maxlen=2)
+
+    def load(self: Any, submodule_name: str, state_dict: dict, *args: Any, **kwargs: Any) -> Any:
+        held.append(state_dict)
+        return original_load(self, submodule_name, state_dict, *args, **kwargs)
+
+    def init(*args: Any, **kwargs: Any) -> Any:
+        with pytest.MonkeyPatch.context() as inner:
+            inner.setattr(ThunderModule, "_transform_and_load_for_submodule", load)
+            try:
+                return original_init(*args, **kwargs)
+            finally:
+                held.clear()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(materialization, "module_init_from_original_module_init", init)
         yield
