@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from conformance.checks.storages import allocated_bytes
+from conformance.checks.traces import symbol_kinds
 from transforms.policies import proxy_bytes
 
 _ALIASES = {
@@ -20,6 +21,8 @@ _ALIASES = {
     "unsqueeze", "squeeze", "transpose", "expand", "reshape", "view", "permute", "contiguous", "split",
     "chunk", "getitem", "narrow", "flatten", "unflatten", "t", "detach", "torch_prims_reshape_impl",
     "torch_wait_prim_impl", "shallow_copy", "broadcast_in_dim", "slice_prim",
+    # basic slicing: FSDP unpads a gathered parameter so, keeping the padded storage under it
+    "torch_slice_prim_impl",
 }  # fmt: skip
 
 
@@ -30,6 +33,7 @@ class Lifetime:
     last: int
     device: str
     from_input: bool  # unpacked from the trace's arguments: allocated before it ran
+    gathered: bool = False  # the output of an all-gather (an unsharded parameter under FSDP)
 
 
 def lifetimes(trace: Any, not_returned: Collection[str] = ()) -> tuple[dict[str, Lifetime], int]:
@@ -39,6 +43,8 @@ def lifetimes(trace: Any, not_returned: Collection[str] = ()) -> tuple[dict[str,
     offloading transform returns them), so their return does not keep their storage alive."""
     from thunder.core.prims import PrimIDs
     from thunder.core.proxies import FutureTensorProxy, TensorProxy
+
+    gathers = {k for k, kind in symbol_kinds().items() if kind == "all_gather"}
 
     def tensors(xs: Any) -> list[Any]:
         return [x for x in xs if isinstance(x, (TensorProxy, FutureTensorProxy))]
@@ -68,7 +74,9 @@ def lifetimes(trace: Any, not_returned: Collection[str] = ()) -> tuple[dict[str,
                 root[out.name] = root[args[0].name]
             else:
                 root[out.name] = out.name
-                lives[out.name] = Lifetime(proxy_bytes(out), i, i, str(out.device), bsym.sym.id in unpacks)
+                lives[out.name] = Lifetime(
+                    proxy_bytes(out), i, i, str(out.device), bsym.sym.id in unpacks, bsym.sym.id in gathers
+                )
     return lives, end
 
 
@@ -89,15 +97,22 @@ def estimated_peak(trace: Any, device: torch.device | None = None) -> int:
     return peak
 
 
-def estimated_returned(trace: Any, device: torch.device, not_returned: Collection[str] = ()) -> int:
+def estimated_returned(
+    trace: Any, device: torch.device, not_returned: Collection[str] = (), gathered_only: bool = False
+) -> int:
     """Bytes on ``device`` the trace allocates and returns (a forward's outputs and what it
     saves for backward): what stays allocated between forward and backward. ``not_returned``:
-    as ``lifetimes``' (the copies themselves are the caller's to count)."""
+    as ``lifetimes``' (the copies themselves are the caller's to count). ``gathered_only``:
+    only the storages all-gathers made (views of them included), the unsharded parameters
+    an FSDP forward keeps for its backward."""
     lives, end = lifetimes(trace, not_returned)
     return sum(
         allocated_bytes(life.nbytes, device)
         for life in lives.values()
-        if life.last == end and not life.from_input and life.device == _thunder_device(device)
+        if life.last == end
+        and not life.from_input
+        and life.device == _thunder_device(device)
+        and (life.gathered or not gathered_only)
     )
 
 

@@ -20,6 +20,7 @@ DERIVED: dict[str, str] = {
     "handed_over": "the bytes of the state dict the kit handed Thunder",
     "resident_and_handed_over": "resident + handed_over",
     "resident_and_buffers": "resident + buffers",
+    "unsharded": "the bytes of every parameter unsharded, dim 0 padded to the world size",
     # numerics (checks/numerics/tolerances.py, propagation.py), as the message prints them (3 digits)
     "twin_size": "the 2-norm of the float32 twin's tensor (or update)",
     "eager_distance": "eager's distance from the float32 twin",

@@ -53,7 +53,6 @@ from conformance.checks.findings import Findings
 from conformance.checks.margins import ESTIMATE_FACTOR, SLACK_BYTES
 from conformance.checks.memory_terms import (
     Terms,
-    gathered_padding,
     meta_setup,
     replicated,
     setup_estimate,
@@ -89,7 +88,7 @@ def check(run: CellRecord) -> Findings:
     forward = model.unsharded + ACTIVATION_FACTOR * activations + copies + _late_release(run)
     backward = forward + eager.get("float32 backward", eager["backward"])
     traces = run.traces.by_phase()
-    _held_after_forward(run, traces.get("forward"), found)
+    _held_after_forward(run, model, traces.get("forward"), found)
     for phase, bound in (("forward", forward), ("backward", backward)):
         trace = traces.get(phase)
         diagnostic = estimated_peak(trace, run.device) if trace is not None else None
@@ -160,7 +159,7 @@ def _late_release(run: CellRecord) -> int:
     )
 
 
-def _held_after_forward(run: CellRecord, forward: Any, found: Findings) -> None:
+def _held_after_forward(run: CellRecord, model: Terms, forward: Any, found: Findings) -> None:
     """What the measured forward left alive, against what its trace returns (outputs and the
     tensors saved for the backward): anything more is a tensor the runtime keeps that the
     computation does not (a cache, a hook, an unsharded parameter held past its use). The
@@ -170,16 +169,35 @@ def _held_after_forward(run: CellRecord, forward: Any, found: Findings) -> None:
     if run.cell.offload != "none" or forward is None:
         return
     estimate = estimated_returned(forward, run.device)
-    padding = gathered_padding(run)
-    bound = estimate + padding + allocated_bytes(SLACK_BYTES, run.device)  # and 0-d scalars beside the tensors
+    bound = estimate + allocated_bytes(SLACK_BYTES, run.device)  # and 0-d scalars beside the tensors
     alive = run.memory.alive_after_forward
-    found.metrics["held after forward"] = {"measured": alive, "estimate": estimate, "padding": padding, "bound": bound}
+    found.metrics["held after forward"] = {"measured": alive, "estimate": estimate, "bound": bound}
     with found.expect("memory held after forward"):
         assert alive <= bound, (
             f"after the forward {alive} bytes it allocated are alive on {run.device}; its trace returns "
-            f"{estimate} there (outputs and saved tensors), {padding} more with the all-gathers' padding: "
-            f"{alive - estimate - padding} bytes kept beyond them"
+            f"{estimate} there (outputs and saved tensors): {alive - estimate} bytes kept beyond them"
         )
+    if run.cell.sharding == "zero3" and not replicated(run):
+        _zero3_held_after_forward(run, model, forward, found)
+
+
+def _zero3_held_after_forward(run: CellRecord, model: Terms, forward: Any, found: Findings) -> None:
+    """ZERO3 frees each gathered parameter after its use in the forward and gathers it again
+    for the backward (``thunder.distributed.fsdp``'s docstring), so its forward saves no
+    all-gather's output, and what it leaves alive is what its trace saves beside them. A
+    ZERO3 that keeps them (ZERO2's memory) fails here, where the row above lets it pass."""
+    estimate = estimated_returned(forward, run.device)
+    gathered = estimated_returned(forward, run.device, gathered_only=True)
+    bound = estimate - gathered + allocated_bytes(SLACK_BYTES, run.device)
+    alive = run.memory.alive_after_forward
+    found.metrics["held after forward under ZERO3"] = {"measured": alive, "gathered": gathered, "bound": bound}
+    with found.expect("memory held after forward under ZERO3", {"unsharded": model.unsharded}):
+        detail = (
+            f"{alive} bytes alive after the forward; its trace saves {estimate - gathered} beside the gathered "
+            f"parameters: {alive - estimate + gathered} kept beyond them"
+        )
+        assert not gathered, f"gathered parameters held to the backward as under ZERO2, {gathered} bytes\n{detail}"
+        assert alive <= bound, f"bytes kept beyond the saved tensors\n{detail}"
 
 
 def _bounded(found: Findings, phase: str, measured: int, bound: int, estimate: int | None) -> None:

@@ -48,19 +48,6 @@ def held_world(run: CellRecord | SimulatedRecord) -> int:
     return 1 if replicated(run) else run.cell.world_size
 
 
-def gathered_padding(run: CellRecord) -> int:
-    """What the padding of the all-gathers adds beside a forward trace's data flow: Thunder's
-    trace names each gathered parameter by its own shape, but the runtime gathers dim 0
-    padded to the world size and the trace's tensor is a view of that, so a gathered
-    parameter the forward keeps holds its padding too. At most every parameter's (0 under
-    DDP, which gathers nothing)."""
-    if replicated(run):
-        return 0
-    world, device = run.cell.world_size, run.device
-    storages = distinct_storages(run.eager_model).values()
-    return sum(allocated_bytes(padded_bytes(p, world), device) - allocated_bytes(p.nbytes, device) for p in storages)
-
-
 def meta_setup(run: CellRecord | SimulatedRecord, resident: int) -> SetupPath:
     """Setup's peak under meta init, part by part (``setup_path.py``)."""
     setup = plan(run.cell)
