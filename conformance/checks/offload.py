@@ -15,10 +15,10 @@ final trace, so a Thunder pass after the transform cannot widen what it is judge
   use, and nothing but its load reads the copy;
 - residency: between forward and backward a rank holds on its device at most what the handed
   forward returns there (outputs and saved tensors), less what the policy moved to another
-  device, plus every parameter's all-gather padding under FSDP (a kept gathered parameter is
-  a view of its padded storage) and SLACK_BYTES (on CUDA each tensor and the slack rounded up to the allocator's
-  512-byte blocks, as its statistics count them). On CPU to CPU the copies replace their
-  originals byte for byte.
+  device, plus SLACK_BYTES (on CUDA each tensor and the slack rounded up to the allocator's
+  512-byte blocks, as its statistics count them); a kept gathered parameter counts its padded
+  all-gather, of which it is a view. On CPU to CPU the copies replace their originals byte
+  for byte.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from conformance.checks.area import Area
 from conformance.checks.dataflow import estimated_returned
 from conformance.checks.findings import Findings
 from conformance.checks.margins import SLACK_BYTES
+from conformance.checks.memory import zero3_saves_no_gathered
+from conformance.checks.memory_terms import terms
 from conformance.checks.record import CellRecord
 from conformance.checks.storages import allocated_bytes, allocations
 from fixtures.offloads import POLICIES
@@ -152,6 +154,9 @@ def check(run: CellRecord) -> Findings:
             f"the transform returns {estimate} there (outputs and saved tensors, {len(chosen)} of them as their "
             "offloaded copies): offloaded originals were kept"
         )
+    if handed is not None:
+        unsharded = terms(run).unsharded
+        zero3_saves_no_gathered(run, handed, unsharded, found, "held between forward and backward under ZERO3")
     return found
 
 
