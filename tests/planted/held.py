@@ -1,7 +1,7 @@
-"""Bugs that keep a tensor from the forward until its backward begins: nothing outlives the
-step (the memory rows after the backward stay exact) and the forward's peak has room for it;
-only what the forward leaves alive shows them (the memory area, or on cells that offload the
-offload area's residency)."""
+"""Bugs that keep a tensor past its use but not past the step: from the forward until its
+backward begins (only what the forward leaves alive shows them: the memory area, or on cells
+that offload the offload area's residency), or from the backward until the optimizer step
+(the exact rows after the backward)."""
 
 from __future__ import annotations
 
@@ -103,3 +103,27 @@ def gathered_unit_held_until_backward() -> Iterator[None]:
         mp.setattr(dist, "all_gather_into_tensor", all_gather_into_tensor)
         mp.setattr(ThunderModule, "forward", thunder_forward)
         yield
+
+
+@planted({"memory": Expect(FSDP, NONE, "memory held after backward at step 0")}, cells=(FSDP, DDP))
+@contextlib.contextmanager
+def reduce_scatter_input_kept_until_step() -> Iterator[None]:
+    """Every reduce-scatter's input (the unsharded gradient) is kept until the next optimizer
+    step, not freed once reduced: inside every peak's room and gone when the step begins, so
+    only what is held after the backward shows it. DDP all-reduces and conforms."""
+    import torch.distributed as dist
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    original, kept = dist.reduce_scatter_tensor, []
+
+    def reduce_scatter_tensor(output: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+        kept.append(input)
+        return original(output, input, *args, **kwargs)
+
+    handle = register_optimizer_step_pre_hook(lambda *_: kept.clear())
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(dist, "reduce_scatter_tensor", reduce_scatter_tensor)
+            yield
+    finally:
+        handle.remove()
