@@ -50,7 +50,7 @@ from conformance.checks.buckets import buckets
 from conformance.checks.dataflow import estimated_peak, estimated_returned
 from conformance.checks.declared import UNBUCKETED
 from conformance.checks.findings import Findings
-from conformance.checks.margins import ESTIMATE_FACTOR, SLACK_BYTES
+from conformance.checks.margins import ESTIMATE_FACTOR, held_slack
 from conformance.checks.memory_terms import (
     Terms,
     meta_setup,
@@ -59,7 +59,7 @@ from conformance.checks.memory_terms import (
     terms,
 )
 from conformance.checks.record import MEASURED_STEP, CellRecord, SimulatedRecord
-from conformance.checks.storages import allocated_bytes, allocations, distinct_storages, padded_bytes
+from conformance.checks.storages import allocations, distinct_storages, padded_bytes
 
 # Thunder's forward on the torch executor runs decomposed, unfused: beside each intermediate
 # eager keeps, at most one more of the same size is alive, so twice eager's forward peak
@@ -169,7 +169,7 @@ def _held_after_forward(run: CellRecord, model: Terms, forward: Any, found: Find
     if run.cell.offload != "none" or forward is None:
         return
     estimate = estimated_returned(forward, run.device)
-    bound = estimate + allocated_bytes(SLACK_BYTES, run.device)  # and 0-d scalars beside the tensors
+    bound = estimate + held_slack(run.device)
     alive = run.memory.alive_after_forward
     found.metrics["held after forward"] = {"measured": alive, "estimate": estimate, "bound": bound}
     with found.expect("memory held after forward"):

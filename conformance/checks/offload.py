@@ -15,10 +15,10 @@ final trace, so a Thunder pass after the transform cannot widen what it is judge
   use, and nothing but its load reads the copy;
 - residency: between forward and backward a rank holds on its device at most what the handed
   forward returns there (outputs and saved tensors), less what the policy moved to another
-  device, plus SLACK_BYTES (on CUDA each tensor and the slack rounded up to the allocator's
-  512-byte blocks, as its statistics count them); a kept gathered parameter counts its padded
-  all-gather, of which it is a view. On CPU to CPU the copies replace their originals byte
-  for byte.
+  device, exactly on the CPU (on CUDA each tensor rounded up to the allocator's 512-byte
+  blocks, as its statistics count them, and one block more: ``margins.held_slack``); a kept
+  gathered parameter counts its padded all-gather, of which it is a view. On CPU to CPU the
+  copies replace their originals byte for byte.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ import torch
 from conformance.checks.area import Area
 from conformance.checks.dataflow import estimated_returned
 from conformance.checks.findings import Findings
-from conformance.checks.margins import SLACK_BYTES
+from conformance.checks.margins import held_slack
 from conformance.checks.memory import zero3_saves_no_gathered
 from conformance.checks.memory_terms import terms
 from conformance.checks.record import CellRecord
-from conformance.checks.storages import allocated_bytes, allocations
+from conformance.checks.storages import allocations
 from fixtures.offloads import POLICIES
 from transforms.policies import proxy_bytes
 
@@ -146,8 +146,7 @@ def check(run: CellRecord) -> Findings:
         copies = allocations(map(proxy_bytes, chosen), run.device) if torch.device(run.device).type == "cpu" else 0
         estimate = estimated_returned(handed, run.device, not_returned=expected) + copies
         alive = run.memory.alive_after_forward
-        # on CUDA a 0-d scalar is a block of its own: the slack is one block there
-        bound = estimate + allocated_bytes(SLACK_BYTES, run.device)
+        bound = estimate + held_slack(run.device)
         found.metrics["held after forward"] = {"measured": alive, "estimate": estimate, "bound": bound}
         assert alive <= bound, (
             f"after the forward {alive} bytes it allocated are alive on {run.device}; the forward Thunder handed "
