@@ -1,5 +1,6 @@
 """Memory: what a rank holds and allocates, per phase, against bounds built from the model's
-arithmetic and from eager PyTorch, never from the traces of the Thunder under test.
+arithmetic and from eager PyTorch, never from the traces of the Thunder under test but for
+what the forward leaves alive, judged against the forward trace's own plan.
 
 Measured on every rank by the rank side (``conformance/rank/measure.py``): setup's peak; a
 census of every live storage after setup; and, by a ledger of what the Thunder module's
@@ -17,7 +18,9 @@ Exact (on CPU the tracker counts bytes exactly; on CUDA up to the allocator's bl
   gradients zeroed), the optimizer state: a tensor kept per step, an unsharded gradient or
   parameter, an activation kept past its backward, all fail here, whatever their size;
 - each optimizer step allocates at most what the same optimizer allocates stepping eager
-  tensors of the shard shapes beside it.
+  tensors of the shard shapes beside it;
+- after the forward a rank holds what its trace returns (outputs and saved tensors, by the
+  data flow), and under ZERO3 that includes no all-gather's output.
 
 Bounded:
 - setup, exactly on the CPU (on CUDA with ESTIMATE_FACTOR: the allocator's blocks): under
