@@ -29,6 +29,9 @@ NAME = r"[\w.]+"
 # what ``when`` may name beside the axes: the process group backend of the session (a failure
 # that only one backend's devices show: a CUDA-only code path on a gloo world of CPUs)
 BACKEND = "backend"
+# beside the axes: whether the cell is a simulated world (which checks setup only)
+SIMULATED = "simulated"
+WHEN_KEYS = (BACKEND, SIMULATED)
 
 
 def template_pattern(template: str) -> re.Pattern[str]:
@@ -182,8 +185,8 @@ def template_of(raw: object, where: str) -> Template:
     if not isinstance(when, dict):
         raise ValueError("a template's when must be a table of axis = [values]")
     for axis, values in when.items():
-        if axis not in AXES and axis != BACKEND:
-            raise ValueError(f"when: unknown axis {axis!r} (axes: {', '.join(AXES)}; or {BACKEND})")
+        if axis not in AXES and axis not in WHEN_KEYS:
+            raise ValueError(f"when: unknown axis {axis!r} (axes: {', '.join(AXES)}; or {', '.join(WHEN_KEYS)})")
         if not isinstance(values, list) or not values:
             raise ValueError(f"when: {axis} must be a non-empty list of values")
     return Template(raw["template"], dict(when), source=where)

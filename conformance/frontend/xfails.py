@@ -39,7 +39,7 @@ else:
 
 from conformance.checks.declared import DECLARATIONS
 from conformance.checks.registry import AREAS
-from conformance.frontend.templates import BACKEND, Template, template_of, template_pattern, when_names
+from conformance.frontend.templates import WHEN_KEYS, Template, template_of, template_pattern, when_names
 from conformance.matrix.cells import AXES, Cell
 
 FIELDS = ("area", "when", "thunder", "failures", "reason", "link")
@@ -167,8 +167,8 @@ def _entry(raw: Any, where: str, template_sources: list[str] | None = None) -> E
     if not isinstance(when, dict):
         raise bad("when must be a table of axis = [values]")
     for axis, values in when.items():
-        if axis not in AXES and axis != BACKEND:
-            raise bad(f"when: unknown axis {axis!r} (axes: {', '.join(AXES)}; or {BACKEND})")
+        if axis not in AXES and axis not in WHEN_KEYS:
+            raise bad(f"when: unknown axis {axis!r} (axes: {', '.join(AXES)}; or {', '.join(WHEN_KEYS)})")
         if not isinstance(values, list) or not values:
             raise bad(f"when: {axis} must be a non-empty list of values")
     if (

@@ -155,6 +155,14 @@ def test_an_entry_naming_a_backend_holds_on_that_backend_only() -> None:
     assert not entry.covers(cell, "collectives", PIN)  # a backend unknown to the caller: not covered
 
 
+def test_an_entry_can_leave_out_simulated_worlds() -> None:
+    # a row simulated worlds never run (they check setup only) must not make the entry stale there
+    entry = _entry(when={"model": ["pythia_160m"], "simulated": [False]})
+    sim = Cell("pythia_160m", "meta_module_init", "jit_fsdp", world_size=1000, simulated=True)
+    assert not entry.covers(sim, "collectives", PIN)
+    assert entry.covers(Cell("pythia_160m", "meta_module_init", "jit_fsdp", world_size=2), "collectives", PIN)
+
+
 def test_a_declaration_holds_where_its_entry_holds_whatever_the_area() -> None:
     # the collectives entry's declaration shapes the memory area's bounds: it is about the
     # Thunder in those cells, on those versions (and backends), not about one check
