@@ -127,9 +127,9 @@ def _setup_bound(run: CellRecord | SimulatedRecord, model: Terms, estimate: int)
 def _setup(run: CellRecord | SimulatedRecord, model: Terms, measured: int, found: Findings) -> None:
     """Setup's peak against its bound; under meta init the path's parts go to the metrics, and
     a module eager could not initialize on its own leaves the peak unbounded (a finding)."""
-    estimate = setup_estimate(run, model.resident)
     if run.init.on_meta:
-        path = meta_setup(run, model.resident)  # the estimate, part by part
+        path = meta_setup(run, model.resident)  # setup_estimate's, part by part
+        estimate = path.peak
         found.metrics["setup path"] = dataclasses.asdict(path)
         if path.missing:
             with found.expect("setup peak"):
@@ -138,6 +138,8 @@ def _setup(run: CellRecord | SimulatedRecord, model: Terms, measured: int, found
                     "materialization does: setup's peak has no bound"
                 )
             return
+    else:
+        estimate = setup_estimate(run, model.resident)
     _bounded(found, "setup", measured, _setup_bound(run, model, estimate), estimate=estimate)
 
 

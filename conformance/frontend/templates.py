@@ -184,9 +184,18 @@ def template_of(raw: object, where: str) -> Template:
     when = raw.get("when", {})
     if not isinstance(when, dict):
         raise ValueError("a template's when must be a table of axis = [values]")
+    problem = when_problem(when)
+    if problem:
+        raise ValueError(problem)
+    return Template(raw["template"], dict(when), source=where)
+
+
+def when_problem(when: Mapping[str, object]) -> str | None:
+    """What is wrong with a ``when`` table's keys and values (an entry's or a template's), if
+    anything: each an axis or one of WHEN_KEYS, each given a non-empty list."""
     for axis, values in when.items():
         if axis not in AXES and axis not in WHEN_KEYS:
-            raise ValueError(f"when: unknown axis {axis!r} (axes: {', '.join(AXES)}; or {', '.join(WHEN_KEYS)})")
+            return f"when: unknown axis {axis!r} (axes: {', '.join(AXES)}; or {', '.join(WHEN_KEYS)})"
         if not isinstance(values, list) or not values:
-            raise ValueError(f"when: {axis} must be a non-empty list of values")
-    return Template(raw["template"], dict(when), source=where)
+            return f"when: {axis} must be a non-empty list of values"
+    return None

@@ -39,8 +39,8 @@ else:
 
 from conformance.checks.declared import DECLARATIONS
 from conformance.checks.registry import AREAS
-from conformance.frontend.templates import WHEN_KEYS, Template, template_of, template_pattern, when_names
-from conformance.matrix.cells import AXES, Cell
+from conformance.frontend.templates import Template, template_of, template_pattern, when_names, when_problem
+from conformance.matrix.cells import Cell
 
 FIELDS = ("area", "when", "thunder", "failures", "reason", "link")
 OPTIONAL = ("declares",)  # what the entry declares of the Thunder beside its failures
@@ -166,11 +166,9 @@ def _entry(raw: Any, where: str, template_sources: list[str] | None = None) -> E
     when = raw["when"]
     if not isinstance(when, dict):
         raise bad("when must be a table of axis = [values]")
-    for axis, values in when.items():
-        if axis not in AXES and axis not in WHEN_KEYS:
-            raise bad(f"when: unknown axis {axis!r} (axes: {', '.join(AXES)}; or {', '.join(WHEN_KEYS)})")
-        if not isinstance(values, list) or not values:
-            raise bad(f"when: {axis} must be a non-empty list of values")
+    problem = when_problem(when)
+    if problem:
+        raise bad(problem)
     if (
         not isinstance(raw["thunder"], list)
         or not raw["thunder"]
