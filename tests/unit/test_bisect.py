@@ -247,8 +247,7 @@ PLANTED = "    preaverage_grad = grad / group.size() / group.size()\n"
 
 
 def _thunder_history(repo: Path) -> dict[str, str]:
-    """Three commits of the pinned Thunder's own sources: a harmless one between the import and
-    the one that plants the bug, so that bisect judges a good commit of its own."""
+    """Three commits of the pinned Thunder's sources: import, a harmless one, the bug."""
     import thunder
 
     shutil.copytree(Path(thunder.__file__).parent, repo / "thunder", ignore=shutil.ignore_patterns("__pycache__"))
