@@ -64,6 +64,17 @@ def check(config: pytest.Config) -> None:
         _enough_gpus(config.option.nproc, workers)
     if config.option.replay is not None:
         replay(config.option.replay)
+    if config.option.thunder_coverage:
+        _traced(config.option.report_dir, config.option.nnodes)
+
+
+def _traced(report_dir: object, nnodes: int) -> None:
+    """--thunder-coverage writes the map beside the report, from the data of ranks that all run
+    on this machine (another machine's ranks would save theirs on that machine)."""
+    if report_dir is None:
+        raise pytest.UsageError("--thunder-coverage writes coverage-map.json into the report: give --report-dir")
+    if nnodes > 1:
+        raise pytest.UsageError(f"--thunder-coverage reads every rank's data on this machine: not --nnodes {nnodes}")
 
 
 def _visible() -> str:

@@ -115,6 +115,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run one generated cell again, as printed by a failing example of test_generated.py",
     )
     group.addoption(
+        "--thunder-coverage",
+        action="store_true",
+        help="record which lines of Thunder's distributed stack and materialization each cell runs: "
+        "coverage-map.json and coverage's HTML (thunder-coverage/) in --report-dir, read by "
+        "`python -m conformance.mutants` (costs time; off by default)",
+    )
+    group.addoption(
         "--xfails",
         type=Path,
         default=DEFAULT_XFAILS,

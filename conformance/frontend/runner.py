@@ -16,7 +16,7 @@ from conformance.frontend.lifetimes import Lifetimes, WorldKey
 from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import cells
 from conformance.matrix.simulated import SAMPLED
-from conformance.reports import environment
+from conformance.reports import coverage_map, environment
 from conformance.reports.session import SessionInfo
 from conformance.world import launch, protocol, seal
 from conformance.world.controller import Outcome, World
@@ -25,6 +25,7 @@ from conformance.world.nodes import Nodes
 from conformance.world.zygote import Zygote
 
 RUN_CELL = "conformance.rank.entry:run_cell"  # named, never imported: the ranks import it
+TRACED = "conformance.rank.thunder_coverage:traced"  # a task run under --thunder-coverage's tracer
 PROBE = "conformance.rank.probe:probe_compositions"  # composition -> why unsupported, or None
 DEFAULT_XFAILS = ROOT / "xfails.toml"
 
@@ -44,13 +45,15 @@ RANK_IMPORTS = (
 )
 
 
-def new_zygote() -> Zygote:
-    """A zygote (started on first use) that has imported what a rank needs for a cell."""
+def new_zygote(traced: bool = False) -> Zygote:
+    """A zygote (started on first use) that has imported what a rank needs for a cell; with
+    ``traced`` (--thunder-coverage) coverage.py too, which a run without it never imports."""
     preload = [
         RUN_CELL.partition(":")[0],
         "conformance.world.rankloop",
         "torch.distributed.run",
         *RANK_IMPORTS,
+        *([TRACED.partition(":")[0], "coverage"] if traced else []),
     ]
     return Zygote(preload, launch.rank_environment(), ROOT)
 
@@ -75,6 +78,8 @@ class Runner:
         self.place = options.xdist_place(config)  # which block of the visible GPUs is this process's
         requested: str = config.getoption("backend")
         found = launch.cuda()
+        report_dir = config.getoption("report_dir")
+        traced = Path(report_dir) / "thunder-coverage-data" if config.getoption("thunder_coverage") else None
         # the run's options, kept once: the reports read them too
         self.session = SessionInfo(
             backend=launch.resolve_backend(requested, nproc, self.place.workers),
@@ -89,6 +94,7 @@ class Runner:
             xdist_workers=self.place.workers,
             nnodes=nnodes,
             rdzv_endpoint=endpoint,
+            thunder_coverage=traced,
         )
         self.nodes: Nodes | None = None  # a run across machines: the other machines' join agents
         if nnodes > 1 and endpoint is not None:
@@ -116,7 +122,7 @@ class Runner:
         # fork must precede any CUDA initialisation, which the kit has not verified of
         # Thunder's imports; nor across machines, whose agents start their own ranks.
         forks = config.getoption("rank_start") == "fork" and self.nodes is None
-        self.zygote: Zygote | None = new_zygote() if forks else None
+        self.zygote: Zygote | None = new_zygote(traced is not None) if forks else None
         self._owns_zygote = True
         # what a rank is asked to do for a cell; the kit's own tests swap in planted bugs
         self.cell_task: Callable[[Cell], protocol.Task] = lambda cell: protocol.Task(RUN_CELL, self.cell_payload(cell))
@@ -137,7 +143,7 @@ class Runner:
             pytest.fail(f"the composition probe failed (see the first error): {self._probe_failure}", pytrace=False)
         if self._unsupported is None:
             world = self.world(self.session.nproc)
-            outcome = world.run(protocol.Task(PROBE), self.cell_timeout)
+            outcome = world.run(self.traced(protocol.Task(PROBE), coverage_map.PROBE), self.cell_timeout)
             if self.session.isolate:
                 world.close()
             elif outcome.ok:
@@ -197,7 +203,7 @@ class Runner:
                 self.outcomes[cell.id] = Outcome(results, duration=0.0, startup=0.0)
                 return self.outcomes[cell.id]
             world = self.world(SAMPLED, simulated=True) if cell.simulated else self.world(cell.world_size)
-            outcome = world.run(self.cell_task(cell), self.cell_timeout)
+            outcome = world.run(self.traced(self.cell_task(cell), cell.id), self.cell_timeout)
             # the probe's world start is charged to the first cell the world serves
             if not cell.simulated:
                 outcome.startup += self._startup_owed.pop(cell.world_size, 0.0)
@@ -205,6 +211,15 @@ class Runner:
             if self.session.isolate:
                 world.close()
         return self.outcomes[cell.id]
+
+    def traced(self, task: protocol.Task, context: str) -> protocol.Task:
+        """``task`` as the ranks run it: under --thunder-coverage, inside the rank's tracer with
+        ``context`` (the cell's id) naming the lines it runs."""
+        if self.session.thunder_coverage is None:
+            return task
+        data_file = str(self.session.thunder_coverage / coverage_map.DATA_NAME)
+        kwargs = {"fn": task.fn, "kwargs": task.kwargs, "context": context, "data_file": data_file}
+        return protocol.Task(TRACED, {**kwargs, "scope": list(coverage_map.SCOPE)})
 
     def cell_payload(self, cell: Cell) -> dict[str, Any]:
         """What a rank is handed for ``cell``: its axes, and what the xfails file declares of

@@ -26,6 +26,8 @@ class SessionInfo:
     # across machines: nproc ranks are laid out as nnodes machines of nproc // nnodes ranks each
     nnodes: int = 1
     rdzv_endpoint: str | None = None
+    # --thunder-coverage: the folder the ranks save their coverage data into (None: off)
+    thunder_coverage: Path | None = None
 
     def repro(self, nodeid: str) -> str:
         """The command line that reruns one item as this run ran it."""

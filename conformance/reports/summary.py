@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from conformance.matrix.cells import AXES, axis_value
-from conformance.reports import simulated, time_share
+from conformance.reports import coverage_map, simulated, time_share
 from conformance.reports.outcomes import MARKS
 
 
@@ -58,6 +58,7 @@ def summary(
     lines += _unmet_contract(report.get("unmet_contract"))
     lines += _memory(report, figure)
     lines += simulated.section(report, scale)
+    lines += coverage_map.section(report.get("thunder_coverage"))
     for outcome, title in (
         ("failed", "Failures: Thunder does not conform"),
         ("error", "Errors: the kit broke, not Thunder (no verdict on these items)"),

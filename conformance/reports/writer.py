@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,7 +24,7 @@ from conformance.matrix.cells import Cell
 from conformance.matrix.contract import unmet_contract
 from conformance.matrix.coverage import coverage, unmet_pairs
 from conformance.matrix.profiles import cells as profile_cells
-from conformance.reports import environment
+from conformance.reports import coverage_map, environment
 from conformance.reports.comparison import VANISHED, Comparison, ItemChange, compare, read_report
 from conformance.reports.comparison_markdown import markdown
 from conformance.reports.figures import memory_figure
@@ -67,6 +68,8 @@ class Reporter:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = self.dir / "report.jsonl"
         self.jsonl.write_text("")
+        if session.thunder_coverage is not None:  # an earlier run's rank data must not join this run's
+            shutil.rmtree(session.thunder_coverage, ignore_errors=True)
 
     # A test's record is complete once its last phase (teardown) is reported.
     @pytest.hookimpl
@@ -129,6 +132,8 @@ class Reporter:
             "counts": counts,
             "cells": records,
         }
+        if self.session.thunder_coverage is not None:
+            report["thunder_coverage"] = self._thunder_coverage(records)
         comparison = None
         if self.baseline is not None:
             name, old = self.baseline
@@ -155,6 +160,19 @@ class Reporter:
             text = text.rstrip("\n") + "\n\n" + markdown(comparison, note=note)
         (self.dir / "summary.md").write_text(text)
         (self.dir / "report.html").write_text(page(report, self.session.repro))
+
+
+    def _thunder_coverage(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """--thunder-coverage: the ranks' data combined into the coverage map and coverage's HTML
+        (conformance/reports/coverage_map.py), the Thunder found where the ranks found it."""
+        import importlib.util
+
+        spec = importlib.util.find_spec("thunder")  # finds the package without importing it
+        assert spec is not None and spec.origin is not None, "no Thunder to map"
+        data_dir = self.session.thunder_coverage
+        assert data_dir is not None
+        version = environment.version(environment.THUNDER_DIST) or "unknown"
+        return coverage_map.write(data_dir, self.dir, Path(spec.origin).parent, version, records)
 
 
 def contract_left(ran: list[Cell], session: SessionInfo, whole_run: bool) -> list[dict[str, Any]] | None:

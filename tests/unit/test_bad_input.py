@@ -67,6 +67,11 @@ BAD = {
         {"CONFORMANCE_FAKE_GPUS": "3"},
         r"--min-gpus 2: 3 GPUs visible.*, 1 for each of 2 xdist workers, fewer than 2",
     ),
+    "thunder-coverage-across-machines": (
+        ["--thunder-coverage", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29999"],
+        {},
+        r"--thunder-coverage reads every rank's data on this machine: not --nnodes 2",
+    ),
 }
 
 
@@ -75,6 +80,11 @@ def test_bad_input_is_one_line_and_status_4_before_any_world(tmp_path: Path, cas
     args, env, pattern = BAD[case]
     line = run_refused(tmp_path, *args, env=env)
     assert re.search(pattern, line), line
+
+
+def test_thunder_coverage_needs_a_report_to_write_its_map_into() -> None:
+    with pytest.raises(pytest.UsageError, match=r"--thunder-coverage writes coverage-map\.json into the report"):
+        options._traced(None, 1)
 
 
 def test_tox_multigpu_refuses_fewer_than_two_gpus_unless_asked(tmp_path: Path) -> None:

@@ -224,7 +224,7 @@ def _imported_inside_functions(folders: tuple[str, ...]) -> set[str]:
 def test_the_zygote_preloads_what_ranks_import_inside_functions() -> None:
     """A forked rank must not import Thunder or litgpt again on its first cell (seconds per
     rank of every world): what the rank side imports lazily is in the zygote's preload, or
-    imported by it."""
+    imported by it (coverage.py where --thunder-coverage asks for its tracer)."""
     import json
     import subprocess
     import sys
@@ -233,7 +233,7 @@ def test_the_zygote_preloads_what_ranks_import_inside_functions() -> None:
     program = (
         "import importlib, json, sys\n"
         "from conformance.frontend.runner import new_zygote\n"
-        "for name in new_zygote().preload: importlib.import_module(name)\n"
+        "for name in new_zygote(traced=True).preload: importlib.import_module(name)\n"
         f"print(json.dumps(sorted(m for m in {sorted(lazy)!r} if m not in sys.modules)))"
     )
     proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300)

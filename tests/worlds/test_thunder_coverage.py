@@ -1,0 +1,75 @@
+"""``--thunder-coverage``: the lines of Thunder each cell ran, named by the cell, on a run of an
+FSDP cell and a DDP cell (what each transform's own methods are must show up in one only)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from conformance.reports.coverage_map import CoverageMap
+from tests.support.suite_runs import SuiteRun, run_suite
+
+pytestmark = pytest.mark.slow
+
+FSDP = "mlp-real_broadcast_first-fsdp_jit-untied-none-zero2-block-float32-ws2"
+DDP = "mlp-real-jit_ddp-untied-min_bytes-zero2-layer-float32-reshape-ws2"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
+    return run_suite(tmp_path_factory.mktemp("traced"), "--thunder-coverage", "-k", f"{FSDP} or {DDP}")
+
+
+def first_body_line(rel: str, cls: str, method: str) -> int:
+    """The first statement of ``cls.method`` in the installed Thunder, read from its source (a
+    docstring is no statement coverage.py sees run)."""
+    spec = importlib.util.find_spec("thunder")
+    assert spec is not None and spec.origin is not None
+    path = Path(spec.origin).parent.parent / rel
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == method:
+                    body = item.body[1:] if ast.get_docstring(item) is not None else item.body
+                    return body[0].lineno
+    raise AssertionError(f"{cls}.{method} is not in {rel}")
+
+
+def test_each_cell_names_the_lines_of_its_own_transform(run: SuiteRun) -> None:
+    assert run.returncode == 0, run.output
+    cmap = CoverageMap.load(run.report_dir)
+    assert set(cmap.cells) == {FSDP, DDP}
+    assert cmap.unknown == ()
+    fsdp_v2, ddp_v2 = "thunder/distributed/transforms/fsdp_v2.py", "thunder/distributed/transforms/ddp_v2.py"
+    sharding = first_body_line(fsdp_v2, "FSDPTransform", "transform_module")
+    replicating = first_body_line(ddp_v2, "DDPTransform", "transform_module")
+    assert sharding in cmap.cells[FSDP].lines[fsdp_v2]
+    assert replicating in cmap.cells[DDP].lines[ddp_v2]
+    assert ddp_v2 not in cmap.cells[FSDP].lines
+    assert sharding not in cmap.cells[DDP].lines.get(fsdp_v2, ())
+    assert cmap.cells_running(fsdp_v2, [sharding]) == [FSDP]
+    assert cmap.cells_running(ddp_v2, [replicating]) == [DDP]
+    # every run probes first: a line only the probe ran counts as run by every cell
+    assert cmap.probe
+    probe_file, probe_lines = next(iter(cmap.probe.items()))
+    assert set(cmap.cells_running(probe_file, probe_lines[:1])) == {FSDP, DDP}
+
+
+def test_the_report_names_unrun_lines_and_links_coverages_html(run: SuiteRun) -> None:
+    traced = run.report["thunder_coverage"]
+    assert traced["cells"] == 2
+    files = traced["files"]
+    # the legacy FSDP transform (transforms/fsdp.py) is not what either composition runs
+    legacy = files["thunder/distributed/transforms/fsdp.py"]
+    assert legacy["ran"] == 0 and legacy["runnable"] > 100
+    assert 0 < files["thunder/distributed/transforms/fsdp_v2.py"]["ran"] < files[
+        "thunder/distributed/transforms/fsdp_v2.py"
+    ]["runnable"]
+    assert "Thunder lines run" in run.summary
+    html = run.report_dir / traced["html"]
+    pages = "".join(p.read_text() for p in html.parent.glob("*fsdp_v2_py.html"))
+    assert FSDP in pages  # coverage's own page lists the contexts (the cells) of each line
+    assert not any((run.report_dir / "thunder-coverage-data").glob("*")), "the ranks' data files are combined away"
