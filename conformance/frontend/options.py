@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 
@@ -64,8 +65,23 @@ def check(config: pytest.Config) -> None:
         _enough_gpus(config.option.nproc, workers)
     if config.option.replay is not None:
         replay(config.option.replay)
+    if config.option.cells is not None:
+        config.option.cells = cell_list(config.option.cells)
     if config.option.thunder_coverage:
         _traced(config.option.report_dir, config.option.nnodes)
+
+
+def cell_list(path: object) -> list[str]:
+    """``--cells FILE``: the cell ids it names, in order, each once."""
+    try:
+        text = Path(str(path)).read_text()
+    except OSError as exc:
+        raise pytest.UsageError(f"--cells {path}: {exc.strerror}") from None
+    ids = [line.split("#")[0].strip() for line in text.splitlines()]
+    ids = list(dict.fromkeys(i for i in ids if i))
+    if not ids:
+        raise pytest.UsageError(f"--cells {path} names no cell")
+    return ids
 
 
 def _traced(report_dir: object, nnodes: int) -> None:

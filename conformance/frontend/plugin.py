@@ -115,6 +115,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run one generated cell again, as printed by a failing example of test_generated.py",
     )
     group.addoption(
+        "--cells",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="run only the profile's cells named in FILE (one id a line, # comments), in that order: "
+        "what python -m conformance.mutants hands the suite, cheapest cell first",
+    )
+    group.addoption(
+        "--first-failing-cell",
+        action="store_true",
+        help="stop after the first cell with a failing item, once every area of that cell is judged (-x stops "
+        "after its first failing area)",
+    )
+    group.addoption(
         "--thunder-coverage",
         action="store_true",
         help="record which lines of Thunder's distributed stack and materialization each cell runs: "
@@ -197,6 +211,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=unused)
         items[:] = [i for i in items if i not in unused]
     runner = config.stash[RUNNER]
+    if runner.order is not None:  # --cells: those cells only, in the file's order
+        others = [i for i in items if (c := _cell_of(i)) is None or c.id not in runner.order]
+        if others:
+            config.hook.pytest_deselected(items=others)
+            items[:] = [i for i in items if i not in others]
     # Verdict first: every area of a cell in a row, so that -x stops right after the first
     # cell with a failing area, and each world's cells in one block, so that a world is
     # closed as soon as no later item needs it (see pytest_runtest_logfinish).
@@ -211,13 +230,25 @@ def _cell_of(item: pytest.Item) -> Cell | None:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_runtest_teardown(item: pytest.Item) -> None:
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     item.config.stash[RUNNER].finished(item.nodeid)
+    # --first-failing-cell: the cell's run is memoized, so its other areas cost nothing more
+    failed = item.stash.get(_FAILED, False) or item.session.stash.get(_CELL_FAILED, False)
+    if item.config.getoption("first_failing_cell") and failed:
+        item.session.stash[_CELL_FAILED] = True
+        if nextitem is None or _cell_of(nextitem) != _cell_of(item):
+            item.session.shouldstop = "--first-failing-cell: every area of the first failing cell is judged"
+
+
+_FAILED = pytest.StashKey[bool]()
+_CELL_FAILED = pytest.StashKey[bool]()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     report = yield
+    if report.failed:
+        item.stash[_FAILED] = True
     # The kit's own failure is an error of the item, never Thunder's failure: pytest's
     # terminal summary, its exit status and its JUnit writer (<error>) all call a failure
     # outside the call phase an error, so the report says the verdict was never reached.

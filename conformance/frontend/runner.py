@@ -78,6 +78,7 @@ class Runner:
         self.place = options.xdist_place(config)  # which block of the visible GPUs is this process's
         requested: str = config.getoption("backend")
         found = launch.cuda()
+        asked: list[str] | None = config.getoption("cells")  # --cells: these only, in this order
         report_dir = config.getoption("report_dir")
         traced = Path(report_dir) / "thunder-coverage-data" if config.getoption("thunder_coverage") else None
         # the run's options, kept once: the reports read them too
@@ -95,6 +96,7 @@ class Runner:
             nnodes=nnodes,
             rdzv_endpoint=endpoint,
             thunder_coverage=traced,
+            cells=None if asked is None else tuple(asked),
         )
         self.nodes: Nodes | None = None  # a run across machines: the other machines' join agents
         if nnodes > 1 and endpoint is not None:
@@ -115,6 +117,7 @@ class Runner:
             foresight=self.place.workers == 1 and not hasattr(config, "workerinput"),
         )
         self._index: dict[str, int] | None = None  # cell id -> its place in the profile
+        self.order: dict[str, int] | None = None if asked is None else {c: i for i, c in enumerate(asked)}
         self._retired: list[World] = []  # told to stop, reaped at the end
         self._pooled = False  # the worlds belong to a pool that outlives this session
         self.outcomes: dict[str, Outcome] = {}
@@ -242,7 +245,9 @@ class Runner:
     def position(self, cell: Cell | None) -> tuple[bool, int, int]:
         """Where an item goes in the run: real worlds by size, then simulated ones; within a
         world its cells in the profile's order, each cell's areas together; generated models
-        after the cells of the session's size."""
+        after the cells of the session's size. Under --cells, the file's order alone."""
+        if self.order is not None:
+            return (False, 0, self.order.get(cell.id, len(self.order)) if cell is not None else len(self.order))
         if self._index is None:
             self._index = {c.id: i for i, c in enumerate(self.cells)}
         if cell is None:

@@ -129,6 +129,11 @@ def _function_body_spans(tree: ast.AST) -> list[tuple[int, int]]:
     ]
 
 
+def source_digest(text: str) -> str:
+    """The sha256 of a source file's text: which source a map (or a mutant) was made of."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def file_lines(path: Path) -> FileLines:
     from coverage.parser import PythonParser
 
@@ -140,7 +145,7 @@ def file_lines(path: Path) -> FileLines:
     import_time = sorted(set(parser.statements) - set(runnable))
     first = {n: parser.first_line(n) for n in range(1, text.count("\n") + 2)}
     return FileLines(
-        hashlib.sha256(text.encode()).hexdigest(),
+        source_digest(text),
         tuple(runnable),
         tuple(import_time),
         {n: f for n, f in first.items() if f != n},

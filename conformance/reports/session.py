@@ -28,6 +28,7 @@ class SessionInfo:
     rdzv_endpoint: str | None = None
     # --thunder-coverage: the folder the ranks save their coverage data into (None: off)
     thunder_coverage: Path | None = None
+    cells: tuple[str, ...] | None = None  # --cells: the cells asked for, in order (None: the profile's)
 
     def repro(self, nodeid: str) -> str:
         """The command line that reruns one item as this run ran it."""

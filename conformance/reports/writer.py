@@ -64,12 +64,22 @@ class Reporter:
         # read now: the run may write its report.json over the baseline's (the same folder)
         self.baseline = (str(baseline), read_report(baseline)) if baseline is not None else None
         self.records: dict[str, dict[str, Any]] = {}
+        self.cells_not_collected: list[str] | None = None
         self.started = time.time()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = self.dir / "report.jsonl"
         self.jsonl.write_text("")
         if session.thunder_coverage is not None:  # an earlier run's rank data must not join this run's
             shutil.rmtree(session.thunder_coverage, ignore_errors=True)
+
+    @pytest.hookimpl
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Under --cells, which asked-for cells the profile had no item for (an xdist controller
+        collects nothing itself: it says nothing then)."""
+        if self.session.cells is None or not session.items:
+            return
+        collected = {cell.id for item in session.items if (cell := _cell_param(item)) is not None}
+        self.cells_not_collected = [c for c in self.session.cells if c not in collected]
 
     # A test's record is complete once its last phase (teardown) is reported.
     @pytest.hookimpl
@@ -132,6 +142,9 @@ class Reporter:
             "counts": counts,
             "cells": records,
         }
+        if self.session.cells is not None:
+            report["cells_asked"] = list(self.session.cells)
+            report["cells_not_collected"] = self.cells_not_collected
         if self.session.thunder_coverage is not None:
             report["thunder_coverage"] = self._thunder_coverage(records)
         comparison = None
@@ -173,6 +186,12 @@ class Reporter:
         assert data_dir is not None
         version = environment.version(environment.THUNDER_DIST) or "unknown"
         return coverage_map.write(data_dir, self.dir, Path(spec.origin).parent, version, records)
+
+
+def _cell_param(item: pytest.Item) -> Cell | None:
+    callspec = getattr(item, "callspec", None)
+    cell = callspec.params.get("cell") if callspec is not None else None
+    return cell if isinstance(cell, Cell) else None
 
 
 def contract_left(ran: list[Cell], session: SessionInfo, whole_run: bool) -> list[dict[str, Any]] | None:

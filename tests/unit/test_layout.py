@@ -33,6 +33,9 @@ ROLES = {
     # `python -m conformance.bisect`: talks to the suite as a user does (pytest's command line,
     # report.json), so it imports nothing else of the kit
     "bisect": "conformance.bisect",
+    # `python -m conformance.mutants`: runs the suite as a user does (pytest's command line,
+    # report.json) on an overlay of Thunder; reads the coverage map through the reports
+    "mutants": "conformance.mutants",
     # `python -m conformance.join`: a machine's join agent, which is the world's runner only
     "join": "conformance.join",
     "package": "conformance",
@@ -54,6 +57,7 @@ ALLOWED = {
     "commands": {"reports"},
     "dashboard": {"reports"},
     "bisect": {"bisect"},
+    "mutants": {"mutants", "reports"},
     "join": {"world"},
     "package": set(),
 }

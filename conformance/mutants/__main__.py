@@ -1,0 +1,149 @@
+"""``python -m conformance.mutants``: mutation analysis of the Thunder under test.
+
+Each mutant is one of cosmic-ray's (or the kit's own) first-order mutations of one line of
+Thunder's distributed stack, made in an overlay copy that the suite imports first; it runs on
+the cells that execute its line (``--map``: a ``--thunder-coverage`` report of the same
+Thunder), cheapest first, until the first cell that fails. See docs/mutants.md.
+
+Exit status: 0 the analysis ran (whatever it found); 1 the silently-wrong score is under
+``--fail-under``, or the kit broke on a mutant; 4 bad input (one ``ERROR:`` line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from conformance.mutants import equivalents, report, sites, trial
+from conformance.mutants.overlay import Overlay, installed_thunder
+from conformance.mutants.store import Session
+from conformance.mutants.verdict import EQUIVALENT, KIT_ERROR, Verdict
+from conformance.reports import changed_lines
+from conformance.reports.coverage_map import CoverageMap, source_digest
+
+DEFAULT_EQUIVALENTS = trial.KIT_ROOT / "mutants-equivalent.toml"
+
+
+class BadInput(Exception):
+    pass
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m conformance.mutants", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--map", type=Path, required=True, help="a --thunder-coverage report folder (or its coverage-map.json)"
+    )
+    p.add_argument("--files", nargs="+", default=list(sites.DEFAULT_FILES), help="Thunder-relative files to mutate")
+    p.add_argument("--function", default=None, help="only mutants inside this function (its name)")
+    p.add_argument("--diff", default=None, metavar="A..B", help="only mutants on lines commits A..B changed")
+    p.add_argument("--thunder-repo", type=Path, default=None, help="with --diff: a git checkout of Thunder")
+    p.add_argument("--sample", type=int, default=None, metavar="N", help="a seeded sample of N mutants")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("mutants"), help="the session, the overlay, the reports")
+    p.add_argument("--equivalents", type=Path, default=DEFAULT_EQUIVALENTS, help="the reviewed equivalents file")
+    p.add_argument("--list", action="store_true", help="list the selected mutants and their cells; run nothing")
+    p.add_argument("--report-only", action="store_true", help="write the reports of what the session judged")
+    p.add_argument("--fail-under", type=float, default=None, metavar="PCT", help="exit 1 under this silent score")
+    p.add_argument("--trial-timeout", type=float, default=3600.0, help="seconds one mutant's suite may run")
+    p.add_argument("suite_args", nargs="*", help="after --: options for the suite (e.g. --cell-timeout 120)")
+    return p.parse_args(argv)
+
+
+def select(args: argparse.Namespace, root: Path, cmap: CoverageMap) -> tuple[list[sites.Mutant], list[sites.Mutant]]:
+    """(every mutant of the files, the selection) after checking the map is of this source."""
+    for path in args.files:
+        if not (root / path).is_file():
+            raise BadInput(f"--files {path}: no such file in the Thunder at {root}")
+        known = cmap.files.get(path)
+        text = (root / path).read_text()
+        if known is None or known.sha256 != source_digest(text):
+            raise BadInput(
+                f"--map {args.map}: made of another source of {path}; run --thunder-coverage on this Thunder"
+            )
+    every = sites.all_sites(root, args.files)
+    chosen = [m for m in every if args.function is None or m.function == args.function]
+    if args.diff is not None:
+        if args.thunder_repo is None:
+            raise BadInput("--diff needs --thunder-repo, a git checkout of Thunder")
+        head = args.diff.partition("..")[2]
+        for path in args.files:
+            at_head = changed_lines.file_at(args.thunder_repo, head, path)
+            if at_head is not None and source_digest(at_head) != cmap.files[path].sha256:
+                raise BadInput(f"--diff {args.diff}: {path} at {head} is not the installed Thunder's")
+        try:
+            changed = changed_lines.from_git(args.thunder_repo, args.diff, args.files)
+        except (ValueError, OSError) as exc:
+            raise BadInput(str(exc)) from None
+        chosen = [m for m in chosen if set(m.lines) & changed.get(m.path, set())]
+    return every, sites.sample(chosen, args.sample, args.seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        cmap = CoverageMap.load(args.map)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"ERROR: --map {args.map}: no coverage map there ({exc})", file=sys.stderr)
+        return 4
+    root = installed_thunder()
+    try:
+        every, chosen = select(args, root, cmap)
+        sources = {m.path: m.source for m in every}
+        reviewed = equivalents.load(args.equivalents, every, sources)
+    except (BadInput, equivalents.EquivalentsError) as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 4
+    if args.list:
+        for m in chosen:
+            print(m.id, len(trial.cells_for(m, cmap)), "cells")
+        return 0
+    session = Session(args.out / "session.sqlite")
+    try:
+        added = session.add(chosen)
+        pending = [m for m in session.pending() if sources.get(m.path) == m.source]
+        if not args.report_only:
+            print(f"{added} mutants added, {len(pending)} to judge ({args.out / 'session.sqlite'})", flush=True)
+            judge(pending, session, reviewed, cmap, root, args)
+        data = report.build(session.judged(), reviewed, cmap)
+    finally:
+        session.close()
+    (args.out / "mutants.json").write_text(json.dumps(data, indent=2))
+    (args.out / "mutants.md").write_text(report.markdown(data))
+    print(report.markdown(data).split("\n\n")[1])
+    broke = data["score"]["counts"].get(KIT_ERROR, 0)
+    silent = data["score"]["silent_score"]
+    under = args.fail_under is not None and (silent is None or 100 * silent < args.fail_under)
+    return 1 if broke or under else 0
+
+
+def judge(
+    pending: list[sites.Mutant],
+    session: Session,
+    reviewed: dict[str, equivalents.Equivalent],
+    cmap: CoverageMap,
+    root: Path,
+    args: argparse.Namespace,
+) -> None:
+    overlay = Overlay(args.out / "overlay", root)
+    plan = trial.Plan(cmap, args.out, tuple(args.suite_args), args.trial_timeout)
+    for i, mutant in enumerate(pending, 1):
+        started = time.perf_counter()
+        if mutant.id in reviewed:
+            original = (root / mutant.path).read_text()
+            verdict, diff = Verdict(EQUIVALENT), trial.diff_of(mutant, original, mutant.mutated(original) or original)
+        else:
+            verdict, diff = trial.run(mutant, overlay, plan, args.out / "trial")
+        session.record(mutant, verdict, diff)
+        where = f" at {verdict.cell} ({', '.join(verdict.areas)})" if verdict.cell else ""
+        print(
+            f"[{i}/{len(pending)}] {verdict.outcome}{where}: {mutant.id} "
+            f"({verdict.cells_run} cells, {time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

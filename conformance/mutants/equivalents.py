@@ -1,0 +1,63 @@
+"""The reviewed equivalents file: mutants that no program can tell from Thunder on any input
+the kit can give, each with the one-line argument why (``mutants-equivalent.toml``).
+
+::
+
+    [[equivalent]]
+    mutant = "thunder/distributed/utils.py@0123456789ab:42:core/AddNot#3"
+    why = "the check it negates always holds: the list is built two lines above"
+
+A mutant id names the source it was made of (its file's hash): an entry for another source
+(another Thunder) does not apply here and is skipped; an entry for this source that names no
+mutant, or gives no reason, is an error, so that the file cannot rot silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from conformance.mutants.sites import Mutant
+
+
+class EquivalentsError(ValueError):
+    """The equivalents file cannot be used: one line saying why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Equivalent:
+    mutant: str
+    why: str
+
+
+def load(path: Path | None, every: list[Mutant], sources: dict[str, str]) -> dict[str, Equivalent]:
+    """Mutant id -> its entry, for the entries about this Thunder's sources (``sources``: path
+    -> source hash of the files in scope); ``every``: all mutants of those files."""
+    if path is None or not path.exists():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise EquivalentsError(f"{path}: {exc}") from None
+    known = {m.id for m in every}
+    found: dict[str, Equivalent] = {}
+    for i, raw in enumerate(data.get("equivalent", [])):
+        where = f"{path}: entry {i + 1}"
+        mutant, why = raw.get("mutant"), str(raw.get("why", "")).strip()
+        if not isinstance(mutant, str) or "@" not in mutant:
+            raise EquivalentsError(f"{where}: 'mutant' must be a mutant id (path@source:line:operator#n)")
+        if not why:
+            raise EquivalentsError(f"{where}: {mutant} gives no reason ('why') it is equivalent")
+        file, _, rest = mutant.partition("@")
+        if sources.get(file) != rest.partition(":")[0]:
+            continue  # about another source of that file: not this Thunder's
+        if mutant not in known:
+            raise EquivalentsError(f"{where}: {mutant} names no mutant of this source")
+        found[mutant] = Equivalent(mutant, why)
+    return found

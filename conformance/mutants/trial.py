@@ -1,0 +1,122 @@
+"""One mutant's trial: its file mutated in the overlay, Thunder imported once to see that it
+still imports, then the suite run as a user runs it on the cells that execute the mutated
+lines (from the coverage map), cheapest first, until the first cell that fails."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conformance.mutants.overlay import Overlay
+from conformance.mutants.sites import Mutant
+from conformance.mutants.verdict import INCOMPETENT, KIT_ERROR, NOT_COVERED, TIMEOUT, Verdict, classify
+from conformance.reports.coverage_map import CoverageMap
+
+KIT_ROOT = Path(__file__).resolve().parents[2]  # where `python -m pytest conformance` runs
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How every trial of an analysis runs."""
+
+    cmap: CoverageMap
+    workdir: Path
+    suite_args: tuple[str, ...] = ()  # e.g. ("--nproc", "2", "--cell-timeout", "120")
+    timeout: float = 3600.0  # one trial, whatever its cells: a guard against a hung suite
+
+
+def cells_for(mutant: Mutant, cmap: CoverageMap) -> list[str]:
+    """The cells that run the mutated lines, cheapest first, then those whose lines are
+    unknown. A line that only runs at import runs before every cell: every cell, cheapest first."""
+    cells = cmap.cells_running(mutant.path, mutant.lines)
+    known = cmap.files.get(mutant.path)
+    if not cells and known is not None and set(mutant.lines) & set(known.import_time):
+        cells = sorted(cmap.cells, key=lambda c: (cmap.cells[c].seconds, c))
+    return [*cells, *cmap.unknown] if cells else []
+
+
+def module_name(path: str) -> str:
+    """``thunder/distributed/__init__.py`` -> ``thunder.distributed``."""
+    parts = path.removesuffix(".py").split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def diff_of(mutant: Mutant, original: str, mutated: str) -> str:
+    return "".join(
+        difflib.unified_diff(
+            original.splitlines(keepends=True),
+            mutated.splitlines(keepends=True),
+            fromfile=f"a/{mutant.path}",
+            tofile=f"b/{mutant.path}",
+            n=1,
+        )
+    )
+
+
+def _environment(overlay: Overlay) -> dict[str, str]:
+    env = {**os.environ, **overlay.environment()}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # the overlay's unmutated modules compile once, not per trial
+    return env
+
+
+def run(mutant: Mutant, overlay: Overlay, plan: Plan, folder: Path) -> tuple[Verdict, str]:
+    """The verdict on ``mutant`` and its diff; the suite's report goes to ``folder``."""
+    original = (overlay.source / mutant.path).read_text()
+    mutated = mutant.mutated(original)
+    if mutated is None:
+        raise RuntimeError(f"{mutant.id}: the operator finds no such position in this source")
+    diff = diff_of(mutant, original, mutated)
+    cells = cells_for(mutant, plan.cmap)
+    if not cells:
+        return Verdict(NOT_COVERED), diff
+    start = time.perf_counter()
+    env = _environment(overlay)
+    with overlay.applied(mutant, mutated):
+        imports = subprocess.run(
+            [sys.executable, "-c", f"import thunder, {module_name(mutant.path)}"],
+            cwd=folder.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if imports.returncode != 0:
+            last = (imports.stderr.strip().splitlines() or ["(no output)"])[-1]
+            return Verdict(INCOMPETENT, detail=last, seconds=time.perf_counter() - start), diff
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        (folder / "cells.txt").write_text("".join(f"{c}\n" for c in cells))
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "conformance",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--first-failing-cell",
+            "--cells",
+            str(folder / "cells.txt"),
+            "--report-dir",
+            str(folder),
+            *plan.suite_args,
+        ]
+        with (folder / "output.txt").open("w") as out:
+            try:
+                subprocess.run(argv, cwd=KIT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=plan.timeout)
+            except subprocess.TimeoutExpired:
+                return Verdict(TIMEOUT, detail=f"the suite ran past {plan.timeout:.0f} s"), diff
+    seconds = time.perf_counter() - start
+    shutil.rmtree(folder / "worlds", ignore_errors=True)  # rank logs: the report keeps what matters
+    report_file = folder / "report.json"
+    if not report_file.exists():  # the pytest process never imports Thunder: no report is the kit's failure
+        tail = (folder / "output.txt").read_text(errors="replace").strip().splitlines()[-3:]
+        return Verdict(KIT_ERROR, detail="no report: " + " | ".join(tail), seconds=seconds), diff
+    return classify(json.loads(report_file.read_text()), seconds), diff
