@@ -46,10 +46,12 @@ def grown(before: dict[str, int] | None, measured: dict[str, int]) -> list[str]:
 
 def selects_all(config: pytest.Config) -> bool:
     """Whether the run asks for the whole suite of its profile: no -k, -m, --deselect, --lf,
-    no --cells, and no path but the suite's folder. Only then does a baseline's item missing from the run
-    mean that the item vanished, rather than that it was not asked for."""
+    --cells or --affected-by, and no path but the suite's folder. Only then does a baseline's
+    item missing from the run mean that the item vanished, rather than that it was not asked for."""
     option = config.option
-    if option.keyword or option.markexpr or option.deselect or getattr(option, "lf", False) or option.cells:
+    if option.keyword or option.markexpr or option.deselect or getattr(option, "lf", False):
+        return False
+    if option.cells or option.affected_by:
         return False
     suite = {config.rootpath, config.rootpath / "conformance"}
     return all((config.invocation_params.dir / arg).resolve() in suite for arg in config.args)

@@ -65,6 +65,10 @@ def check(config: pytest.Config) -> None:
         _enough_gpus(config.option.nproc, workers)
     if config.option.replay is not None:
         replay(config.option.replay)
+    if config.option.affected_by is not None:
+        from conformance.frontend import affected
+
+        config.option.affected_by = affected.load(config.option.affected_by, config.option.coverage_map)
     if config.option.cells is not None:
         config.option.cells = cell_list(config.option.cells)
     if config.option.thunder_coverage:

@@ -123,6 +123,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "what python -m conformance.mutants hands the suite, cheapest cell first",
     )
     group.addoption(
+        "--affected-by",
+        default=None,
+        metavar="CHANGE",
+        help="run only the cells a change to Thunder can reach: a unified diff of Thunder, or PATH:LINES "
+        "(thunder/distributed/utils.py:40-42), judged by --coverage-map",
+    )
+    group.addoption(
+        "--coverage-map",
+        type=Path,
+        default=None,
+        metavar="REPORT",
+        help="with --affected-by: a --thunder-coverage run's report folder (or its coverage-map.json), made of "
+        "the Thunder before the change",
+    )
+    group.addoption(
         "--first-failing-cell",
         action="store_true",
         help="stop after the first cell with a failing item, once every area of that cell is judged (-x stops "
@@ -211,6 +226,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=unused)
         items[:] = [i for i in items if i not in unused]
     runner = config.stash[RUNNER]
+    if runner.affected is not None:  # --affected-by: only the cells the change can reach
+        cells = {c.id for i in items if (c := _cell_of(i)) is not None}
+        reached = {c for c in cells if runner.affected.reaches(c)}
+        gone = [i for i in items if (c := _cell_of(i)) is not None and c.id not in reached]
+        if gone:
+            config.hook.pytest_deselected(items=gone)
+            items[:] = [i for i in items if i not in gone]
+        note = runner.affected.note(len(reached), len(cells) - len(reached))
+        reporter = config.pluginmanager.get_plugin("conformance-reporter")
+        if reporter is not None:
+            reporter.affected_by = note
+        terminal = config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            kept, out = note["cells_kept"], note["cells_left_out"]
+            terminal.write_line(f"--affected-by: {kept} cells run, {out} {note['why']}")
     if runner.order is not None:  # --cells: those cells only, in the file's order
         others = [i for i in items if (c := _cell_of(i)) is None or c.id not in runner.order]
         if others:

@@ -117,6 +117,7 @@ class Runner:
             foresight=self.place.workers == 1 and not hasattr(config, "workerinput"),
         )
         self._index: dict[str, int] | None = None  # cell id -> its place in the profile
+        self.affected = config.getoption("affected_by")  # --affected-by, loaded by options.check
         self.order: dict[str, int] | None = None if asked is None else {c: i for i, c in enumerate(asked)}
         self._retired: list[World] = []  # told to stop, reaped at the end
         self._pooled = False  # the worlds belong to a pool that outlives this session

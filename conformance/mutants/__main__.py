@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from conformance.mutants import equivalents, report, sites, trial
+from conformance.mutants.operators import NAMES
 from conformance.mutants.overlay import Overlay, installed_thunder
 from conformance.mutants.store import Session
 from conformance.mutants.verdict import EQUIVALENT, KIT_ERROR, Verdict
@@ -38,6 +39,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--files", nargs="+", default=list(sites.DEFAULT_FILES), help="Thunder-relative files to mutate")
     p.add_argument("--function", default=None, help="only mutants inside this function (its name)")
+    p.add_argument("--operators", nargs="+", default=None, help="only these operators (core/..., kit/...)")
     p.add_argument("--diff", default=None, metavar="A..B", help="only mutants on lines commits A..B changed")
     p.add_argument("--thunder-repo", type=Path, default=None, help="with --diff: a git checkout of Thunder")
     p.add_argument("--sample", type=int, default=None, metavar="N", help="a seeded sample of N mutants")
@@ -64,7 +66,14 @@ def select(args: argparse.Namespace, root: Path, cmap: CoverageMap) -> tuple[lis
                 f"--map {args.map}: made of another source of {path}; run --thunder-coverage on this Thunder"
             )
     every = sites.all_sites(root, args.files)
-    chosen = [m for m in every if args.function is None or m.function == args.function]
+    if args.operators is not None and (unknown := sorted(set(args.operators) - set(NAMES))):
+        raise BadInput(f"--operators {' '.join(unknown)}: no such operator (python -m conformance.mutants --help)")
+    chosen = [
+        m
+        for m in every
+        if (args.function is None or m.function == args.function)
+        and (args.operators is None or m.operator in args.operators)
+    ]
     if args.diff is not None:
         if args.thunder_repo is None:
             raise BadInput("--diff needs --thunder-repo, a git checkout of Thunder")

@@ -1,5 +1,6 @@
-"""The lines a change to Thunder touched, as the new side of a unified diff numbers them:
-what mutation analysis restricts its mutants to (``--diff A..B``), read from ``git diff``."""
+"""The lines a change to Thunder touched: on the new side of a unified diff, what mutation
+analysis restricts its mutants to (``--diff A..B``, read from ``git diff``); on the old side,
+what a coverage map made before the change says about which cells run them (``--affected-by``)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,49 @@ import re
 import subprocess
 from pathlib import Path
 
-_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@")
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
-def from_unified_diff(text: str) -> dict[str, set[int]]:
-    """Path (as the diff's ``+++ b/`` side names it) -> the new file's added or changed lines.
-    A hunk that only deletes touches the line after the deletion, where the change now sits."""
+def from_unified_diff(text: str, side: str = "new") -> dict[str, set[int]]:
+    """Path -> the lines a diff touched. ``new``: the new file's added or changed lines (a hunk
+    that only deletes touches the line after the deletion, where the change now sits); ``old``:
+    the old file's removed or changed lines (a hunk that only adds touches the lines on both
+    sides of the insertion)."""
     changed: dict[str, set[int]] = {}
+    old_path: str | None = None
     path: str | None = None
     for line in text.splitlines():
-        if line.startswith("+++ "):
+        if line.startswith("--- "):
             name = line[4:].split("\t")[0]
-            path = None if name == "/dev/null" else name.removeprefix("b/")
+            old_path = None if name == "/dev/null" else name.removeprefix("a/")
+        elif line.startswith("+++ "):
+            name = line[4:].split("\t")[0]
+            new_path = None if name == "/dev/null" else name.removeprefix("b/")
+            path = new_path if side == "new" else old_path
         elif path is not None and (m := _HUNK.match(line)):
-            start, count = int(m.group(1)), int(m.group(2) if m.group(2) is not None else 1)
-            changed.setdefault(path, set()).update(range(start, start + count) if count else {max(start, 1)})
+            group = (1, 2) if side == "old" else (3, 4)
+            start = int(m.group(group[0]))
+            count = int(m.group(group[1])) if m.group(group[1]) is not None else 1
+            if count:
+                touched = set(range(start, start + count))
+            else:
+                touched = {max(start, 1)} if side == "new" else {max(start, 1), start + 1}
+            changed.setdefault(path, set()).update(touched)
     return changed
+
+
+def from_path_lines(spec: str) -> dict[str, set[int]]:
+    """``PATH:LINES`` (``thunder/distributed/utils.py:40-42,57``) -> {path: lines}."""
+    path, sep, spans = spec.rpartition(":")
+    if not sep or not path:
+        raise ValueError(f"{spec!r} is neither a diff file nor PATH:LINES")
+    lines: set[int] = set()
+    for span in spans.split(","):
+        first, _, last = span.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise ValueError(f"{spec!r}: {span!r} is not a line or a range of lines")
+        lines.update(range(int(first), int(last or first) + 1))
+    return {path: lines}
 
 
 def from_git(repo: Path, revisions: str, paths: list[str]) -> dict[str, set[int]]:

@@ -65,6 +65,7 @@ class Reporter:
         self.baseline = (str(baseline), read_report(baseline)) if baseline is not None else None
         self.records: dict[str, dict[str, Any]] = {}
         self.cells_not_collected: list[str] | None = None
+        self.affected_by: dict[str, Any] | None = None  # --affected-by's selection, set at collection
         self.started = time.time()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = self.dir / "report.jsonl"
@@ -142,6 +143,8 @@ class Reporter:
             "counts": counts,
             "cells": records,
         }
+        if self.affected_by is not None:
+            report["affected_by"] = self.affected_by
         if self.session.cells is not None:
             report["cells_asked"] = list(self.session.cells)
             report["cells_not_collected"] = self.cells_not_collected

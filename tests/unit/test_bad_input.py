@@ -67,6 +67,11 @@ BAD = {
         {"CONFORMANCE_FAKE_GPUS": "3"},
         r"--min-gpus 2: 3 GPUs visible.*, 1 for each of 2 xdist workers, fewer than 2",
     ),
+    "affected-by-without-a-map": (
+        ["--affected-by", "thunder/distributed/utils.py:40-42"],
+        {},
+        r"--affected-by needs --coverage-map REPORT, a --thunder-coverage run's report folder",
+    ),
     "thunder-coverage-across-machines": (
         ["--thunder-coverage", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29999"],
         {},

@@ -4,11 +4,15 @@ coverage.py imported while ``--thunder-coverage`` is off."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from conformance.frontend import affected
 from conformance.reports.coverage_map import CellLines, CoverageMap, file_lines, ranges, thunder_relative
 from tests.support.suite_runs import ROOT
 
@@ -85,3 +89,26 @@ def test_with_the_option_off_nothing_of_coverage_is_imported() -> None:
         "assert 'coverage' not in sys.modules, 'coverage imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+def test_a_change_reaches_the_cells_that_ran_its_old_lines_and_those_the_map_cannot_speak_for(
+    tmp_path: Path,
+) -> None:
+    cmap = make_map(tmp_path)
+    diff = (
+        "--- a/thunder/distributed/utils.py\n+++ b/thunder/distributed/utils.py\n"
+        "@@ -11 +11 @@\n-        return chunk\n+        return chunk + 1\n"
+    )
+    (tmp_path / "change.diff").write_text(diff)
+    (tmp_path / "map").mkdir()
+    (tmp_path / "map" / "coverage-map.json").write_text(json.dumps(cmap.to_json()))
+    change = affected.load(str(tmp_path / "change.diff"), tmp_path / "map")
+    assert change.changed == {"thunder/distributed/utils.py": {11}}
+    assert [c for c in ("slow", "cheap", "other", "died", "new") if change.reaches(c)] == ["slow", "died", "new"]
+    assert change.note(3, 2)["cells_left_out"] == 2
+    elsewhere = affected.load("thunder/core/module.py:10", tmp_path / "map")  # not traced: every cell
+    assert elsewhere.untraced == ["thunder/core/module.py"] and elsewhere.reaches("other")
+    with pytest.raises(pytest.UsageError, match="needs --coverage-map"):
+        affected.load("thunder/distributed/utils.py:11", None)
+    with pytest.raises(pytest.UsageError, match="is not a line or a range"):
+        affected.load("thunder/distributed/utils.py:x", tmp_path / "map")

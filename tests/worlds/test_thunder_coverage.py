@@ -1,16 +1,20 @@
 """``--thunder-coverage``: the lines of Thunder each cell ran, named by the cell, on a run of an
-FSDP cell and a DDP cell (what each transform's own methods are must show up in one only)."""
+FSDP cell and a DDP cell (what each transform's own methods are must show up in one only);
+then ``python -m conformance.mutants`` on that map."""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from conformance.reports.coverage_map import CoverageMap
-from tests.support.suite_runs import SuiteRun, run_suite
+from tests.support.suite_runs import ROOT, SuiteRun, run_suite
 
 pytestmark = pytest.mark.slow
 
@@ -73,3 +77,34 @@ def test_the_report_names_unrun_lines_and_links_coverages_html(run: SuiteRun) ->
     pages = "".join(p.read_text() for p in html.parent.glob("*fsdp_v2_py.html"))
     assert FSDP in pages  # coverage's own page lists the contexts (the cells) of each line
     assert not any((run.report_dir / "thunder-coverage-data").glob("*")), "the ranks' data files are combined away"
+
+
+def test_a_mutant_runs_on_the_cells_of_its_line_and_a_check_finds_it(run: SuiteRun, tmp_path: Path) -> None:
+    """Gradients multiplied by the world size instead of divided before their reduction
+    (FSDP's and DDP's backward rule): Thunder runs on, numerics finds it on the cheaper cell."""
+    installed = Path(importlib.util.find_spec("thunder").origin).parent  # type: ignore[union-attr]
+    before = (installed / "distributed" / "prims.py").read_bytes()
+    args = [
+        "--map",
+        str(run.report_dir),
+        "--out",
+        str(tmp_path / "mutants"),
+        "--files",
+        "thunder/distributed/prims.py",
+        "--function",
+        "synchronize_backward_rule",
+        "--operators",
+        "core/ReplaceBinaryOperator_Div_Mul",
+    ]
+    command = [sys.executable, "-m", "conformance.mutants", *args, "--", "--cell-timeout", "120"]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((tmp_path / "mutants" / "mutants.json").read_text())
+    [mutant] = data["mutants"]
+    assert "grad * group.size()" in mutant["diff"]
+    assert mutant["outcome"] == "killed: silently wrong", mutant
+    assert "numerics" in mutant["areas"] and mutant["cell"] in (FSDP, DDP) and mutant["cells_run"] == 1
+    assert data["score"]["silent_score"] == 1.0
+    assert (installed / "distributed" / "prims.py").read_bytes() == before
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "0 mutants added, 0 to judge" in again.stdout, again.stdout + again.stderr
