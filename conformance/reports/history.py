@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ class Night:
     label: str  # the report folder's name
     started: float  # seconds since the epoch: the report's start, else its file's mtime
     report: dict[str, Any]
+    # the night's mutation analysis (python -m conformance.mutants: mutants.json's score),
+    # where its folder holds one
+    mutants: dict[str, Any] | None = None
 
 
 def nights(folder: Path) -> list[Night]:
@@ -40,7 +44,9 @@ def nights(folder: Path) -> list[Night]:
     found = []
     for sub in sorted(p for p in folder.iterdir() if (p / "report.json").is_file()):
         report = read_report(sub)
-        found.append(Night(sub.name, _started(report, sub / "report.json"), report))
+        scored = sub / "mutants.json"
+        mutants = json.loads(scored.read_text()).get("score") if scored.is_file() else None
+        found.append(Night(sub.name, _started(report, sub / "report.json"), report, mutants))
     if not found:
         raise UnreadableReport(f"{folder}: no report folder (a folder holding report.json) in it")
     return sorted(found, key=lambda n: n.started)

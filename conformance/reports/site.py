@@ -103,7 +103,12 @@ def _table(runs: list[Night]) -> str:
     per_run = [area_counts(n.report) for n in runs]
     areas = list(dict.fromkeys(a for counts in per_run for a in counts))
     head = "".join(f"<th>{e(a)}</th>" for a in areas)
-    rows = [f'<table id="runs"><tr><th>run</th><th>Thunder</th><th>profile</th><th>started</th>{head}<th>all</th></tr>']
+    scored = any(n.mutants for n in runs)
+    score_head = "<th>mutants: silent score</th>" if scored else ""
+    rows = [
+        f'<table id="runs"><tr><th>run</th><th>Thunder</th><th>profile</th><th>started</th>{head}<th>all</th>'
+        f"{score_head}</tr>"
+    ]
     for night, counts in zip(runs, per_run, strict=True):
         env = night.report.get("environment") or {}
         cells = "".join(_counts(counts.get(a, {}), a) for a in areas)
@@ -114,12 +119,23 @@ def _table(runs: list[Night]) -> str:
         rows.append(
             f'<tr data-run="{e(night.label)}"><td><a href="runs/{quote(night.label)}.html">{e(night.label)}</a></td>'
             f"<td>{e(str(env.get('thunder', '?')))}</td><td>{e(str(night.report.get('profile', '?')))}</td>"
-            f"<td>{e(str(night.report.get('started', '?')))}</td>{cells}{_counts(total, 'all')}</tr>"
+            f"<td>{e(str(night.report.get('started', '?')))}</td>{cells}{_counts(total, 'all')}"
+            f"{_score(night.mutants) if scored else ''}</tr>"
         )
     rows.append(
         "</table><p>passed / xfailed / failed per area; errors (the kit's), unsupported and skipped beside.</p>"
     )
     return "\n".join(rows)
+
+
+def _score(score: dict[str, Any] | None) -> str:
+    """The night's mutation analysis: silently-wrong kills of the mutants that kept Thunder running."""
+    if not score or score.get("silent_score") is None:
+        return "<td>–</td>"
+    counts = score.get("counts", {})
+    silent = counts.get("killed: silently wrong", 0)
+    kept = score["run"] - counts.get("killed: Thunder raised", 0) - counts.get("timed out", 0)
+    return f"<td>{100 * score['silent_score']:.0f}% ({silent} of {kept})</td>"
 
 
 def _counts(counts: dict[str, int], area: str) -> str:
