@@ -81,9 +81,9 @@ def all_sites(thunder_root: Path, paths: Iterable[str]) -> list[Mutant]:
 
 
 def sample(mutants: list[Mutant], n: int | None, seed: int) -> list[Mutant]:
-    """``n`` of them drawn with ``seed`` (all for None), in id order: the same draw on every
-    machine for the same source."""
+    """``n`` of them drawn with ``seed`` (all for None): the same draw on every machine for the
+    same source, and a prefix of one order, so that a larger ``n`` with the same seed extends a
+    sample (a resumed session judges only the new ones)."""
     ordered = sorted(mutants, key=lambda m: m.id)
-    if n is None or n >= len(ordered):
-        return ordered
-    return sorted(random.Random(seed).sample(ordered, n), key=lambda m: m.id)
+    random.Random(seed).shuffle(ordered)
+    return ordered if n is None else ordered[:n]
