@@ -6,7 +6,8 @@ the cells that execute its line (``--map``: a ``--thunder-coverage`` report of t
 Thunder), cheapest first, until the first cell that fails. See docs/mutants.md.
 
 Exit status: 0 the analysis ran (whatever it found); 1 the silently-wrong score is under
-``--fail-under``, or the kit broke on a mutant; 4 bad input (one ``ERROR:`` line).
+``--fail-under``, the kit broke on a mutant, or a check killed a mutant the equivalents file
+calls equivalent; 4 bad input (one ``ERROR:`` line).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     broke = data["score"]["counts"].get(KIT_ERROR, 0)
     silent = data["score"]["silent_score"]
     under = args.fail_under is not None and (silent is None or 100 * silent < args.fail_under)
-    return 1 if broke or under else 0
+    return 1 if broke or under or data["equivalence_refuted"] else 0
 
 
 def judge(

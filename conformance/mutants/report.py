@@ -50,7 +50,13 @@ def score(verdicts: Iterable[Verdict]) -> Score:
 def build(
     judged: list[tuple[Mutant, Verdict, str]], equivalents: dict[str, Equivalent], cmap: CoverageMap
 ) -> dict[str, Any]:
-    """mutants.json: the whole analysis."""
+    """mutants.json: the whole analysis. A mutant the equivalents file names counts as
+    equivalent whatever an earlier trial said of it, unless a check killed it: then the
+    argument was wrong, and the report says so (``equivalence_refuted``)."""
+    refuted = [m.id for m, v, _ in judged if m.id in equivalents and v.outcome in (SILENT, RAISED, TIMEOUT)]
+    judged = [
+        (m, Verdict(EQUIVALENT) if m.id in equivalents and m.id not in refuted else v, d) for m, v, d in judged
+    ]
     verdicts = [v for _, v, _ in judged]
     by_file: dict[str, list[Verdict]] = {}
     by_function: dict[str, list[Verdict]] = {}
@@ -72,6 +78,7 @@ def build(
             "cells_run": sum(v.cells_run for v in verdicts),
         },
         "kill_matrix": matrix,
+        "equivalence_refuted": refuted,
         "mutants": [
             {
                 "id": m.id,
@@ -138,6 +145,10 @@ def markdown(data: dict[str, Any]) -> str:
     if errors:
         lines += [f"## The kit broke ({len(errors)}): report these to the kit", ""]
         lines += [f"- `{m['id']}`: {m['detail']}" for m in errors]
+        lines.append("")
+    if data["equivalence_refuted"]:
+        lines += ["## Equivalents the kit refuted (a check killed them): fix mutants-equivalent.toml", ""]
+        lines += [f"- `{i}`" for i in data["equivalence_refuted"]]
         lines.append("")
     equivalent = [m for m in data["mutants"] if m["outcome"] == EQUIVALENT]
     if equivalent:

@@ -181,3 +181,18 @@ def test_changed_lines_are_the_new_sides_lines() -> None:
         "--- a/thunder/old.py\n+++ /dev/null\n@@ -1,3 +0,0 @@\n"
     )
     assert from_unified_diff(diff) == {"thunder/distributed/utils.py": {10, 11, 12, 41}}
+
+
+def test_an_equivalent_counts_apart_unless_a_check_killed_it(tmp_path: Path) -> None:
+    every = list(sites.sites("thunder/distributed/utils.py", SOURCE))[:3]
+    reviewed = {m.id: equivalents.Equivalent(m.id, "why") for m in every[:2]}
+    judged = [
+        (every[0], Verdict(SURVIVED), ""),
+        (every[1], Verdict(SILENT, 1, "c", ("numerics",)), ""),
+        (every[2], Verdict(SURVIVED), ""),
+    ]
+    data = report.build(judged, reviewed, CoverageMap("0", {}, {}, (), {}))
+    assert [m["outcome"] for m in data["mutants"]] == ["equivalent", SILENT, SURVIVED]
+    assert data["equivalence_refuted"] == [every[1].id]
+    assert data["score"]["silent_score"] == 0.5
+    assert "the kit refuted" in report.markdown(data)
