@@ -113,7 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     session = Session(args.out / "session.sqlite")
     try:
         added = session.add(chosen)
-        pending = [m for m in session.pending() if sources.get(m.path) == m.source]
+        # the cheapest first (fewest cells to run), so that an analysis stopped early has
+        # judged the most mutants; a line every cell runs (import time) goes last
+        pending = sorted(
+            (m for m in session.pending() if sources.get(m.path) == m.source),
+            key=lambda m: (len(trial.cells_for(m, cmap)), m.id),
+        )
         if not args.report_only:
             print(f"{added} mutants added, {len(pending)} to judge ({args.out / 'session.sqlite'})", flush=True)
             judge(pending, session, reviewed, cmap, root, args)

@@ -196,3 +196,48 @@ def test_an_equivalent_counts_apart_unless_a_check_killed_it(tmp_path: Path) -> 
     assert data["equivalence_refuted"] == [every[1].id]
     assert data["score"]["silent_score"] == 0.5
     assert "the kit refuted" in report.markdown(data)
+
+
+def test_diff_lists_only_the_mutants_on_the_lines_a_commit_range_changed(tmp_path: Path, capsys) -> None:
+    """A two-commit history of Thunder's utils.py whose second commit is the installed file:
+    ``--diff A..B`` lists the mutants of the lines B changed, and nothing else."""
+    import json
+    import subprocess
+
+    from conformance.mutants.__main__ import main
+
+    path = "thunder/distributed/utils.py"
+    installed = (installed_thunder() / path).read_text()
+    lines = installed.splitlines(keepends=True)
+    every = list(sites.sites(path, installed))
+    changed = next(m.line for m in every if m.function and m.line == m.end_line) - 1  # one line, in a function
+    before = "".join([*lines[:changed], lines[changed].rstrip("\n") + "  # as it was in A\n", *lines[changed + 1 :]])
+    repo = tmp_path / "thunder-repo"
+    (repo / "thunder" / "distributed").mkdir(parents=True)
+
+    def git(*args: str) -> str:
+        env = {
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+        }
+        return subprocess.run(
+            ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
+        ).stdout
+
+    git("init", "-q")
+    for text, message in ((before, "A"), (installed, "B")):
+        (repo / path).write_text(text)
+        git("add", "-A")
+        git("commit", "-qm", message)
+    a, b = git("rev-list", "--reverse", "HEAD").split()
+    cmap = CoverageMap("0", {path: file_lines(installed_thunder() / path)}, {}, (), {})
+    (tmp_path / "map").mkdir()
+    (tmp_path / "map" / "coverage-map.json").write_text(json.dumps(cmap.to_json()))
+    args = ["--map", str(tmp_path / "map"), "--files", path, "--thunder-repo", str(repo), "--list"]
+    assert main([*args, "--diff", f"{a}..{b}", "--out", str(tmp_path / "m")]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    expected = sorted(m.id for m in every if changed + 1 in m.lines)
+    assert listed and sorted(listed) == expected
+    assert main([*args, "--diff", f"{b}..{a}", "--out", str(tmp_path / "m")]) == 4  # B is not the installed source
