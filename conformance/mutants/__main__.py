@@ -22,7 +22,7 @@ from conformance.mutants import equivalents, report, sites, trial
 from conformance.mutants.operators import NAMES
 from conformance.mutants.overlay import Overlay, installed_thunder
 from conformance.mutants.store import Session
-from conformance.mutants.verdict import EQUIVALENT, KIT_ERROR, Verdict
+from conformance.mutants.verdict import EQUIVALENT, KIT_ERROR, OUTCOMES, Verdict
 from conformance.reports import changed_lines
 from conformance.reports.coverage_map import CoverageMap, source_digest
 
@@ -49,6 +49,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--equivalents", type=Path, default=DEFAULT_EQUIVALENTS, help="the reviewed equivalents file")
     p.add_argument("--list", action="store_true", help="list the selected mutants and their cells; run nothing")
     p.add_argument("--report-only", action="store_true", help="write the reports of what the session judged")
+    p.add_argument(
+        "--rejudge",
+        choices=OUTCOMES,
+        default=None,
+        metavar="OUTCOME",
+        help="judge again the mutants judged OUTCOME (e.g. 'the kit broke', after fixing the kit)",
+    )
     p.add_argument("--fail-under", type=float, default=None, metavar="PCT", help="exit 1 under this silent score")
     p.add_argument("--trial-timeout", type=float, default=3600.0, help="seconds one mutant's suite may run")
     p.add_argument("suite_args", nargs="*", help="after --: options for the suite (e.g. --cell-timeout 120)")
@@ -113,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     session = Session(args.out / "session.sqlite")
     try:
         added = session.add(chosen)
+        if args.rejudge is not None:
+            print(f"{session.forget(args.rejudge)} mutants judged {args.rejudge!r} to judge again", flush=True)
         # the cheapest first (fewest cells to run), so that an analysis stopped early has
         # judged the most mutants; a line every cell runs (import time) goes last
         pending = sorted(

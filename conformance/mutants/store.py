@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from cosmic_ray.work_db import WorkDB
+from cosmic_ray.work_db import WorkDB, WorkResultStorage
 from cosmic_ray.work_item import MutationSpec, TestOutcome, WorkerOutcome, WorkItem, WorkResult
 
 from conformance.mutants.sites import Mutant
@@ -86,6 +86,14 @@ class Session:
         worker, coarse = _COARSE[verdict.outcome]
         result = WorkResult(worker_outcome=worker, output=json.dumps(verdict.to_json()), test_outcome=coarse, diff=diff)
         self.db.set_result(mutant.id, result)
+
+    def forget(self, outcome: str) -> int:
+        """Drop the verdicts of every mutant judged ``outcome`` (after the kit was fixed, say),
+        so that the next run judges them again; how many."""
+        ids = [m.id for m, v, _ in self.judged() if v.outcome == outcome]
+        with self.db._session_maker.begin() as session:  # cosmic-ray's WorkDB deletes no result itself
+            session.query(WorkResultStorage).filter(WorkResultStorage.job_id.in_(ids)).delete()
+        return len(ids)
 
     def judged(self) -> list[tuple[Mutant, Verdict, str]]:
         """Every mutant judged so far, with its verdict and diff."""

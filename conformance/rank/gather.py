@@ -130,7 +130,18 @@ def snapshot(module: nn.Module, grads: bool = False) -> dict[str, torch.Tensor]:
 
 def cpu_copies(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Detached CPU copies, safe from later training steps."""
-    return {n: t.detach().cpu().clone() for n, t in named}
+    return {n: cpu_copy(t) for n, t in named}
+
+
+def cpu_copy(t: torch.Tensor) -> torch.Tensor:
+    """A detached CPU copy. A tensor Thunder left on the meta device (the materialization area
+    names where each tensor is) has no values to copy: its copy holds NaN, or the dtype's
+    lowest value, which no comparison takes for the value eager holds."""
+    if not t.is_meta:
+        return t.detach().cpu().clone()
+    if t.is_floating_point() or t.is_complex():
+        return torch.full(t.shape, float("nan"), dtype=t.dtype)
+    return torch.full(t.shape, False if t.dtype == torch.bool else torch.iinfo(t.dtype).min, dtype=t.dtype)
 
 
 def on_every_rank(values: dict[str, Any]) -> list[dict[str, Any]]:

@@ -69,3 +69,20 @@ def test_a_parameter_thunder_got_wrong_is_a_finding_not_a_crash(
         found = Findings()
         assert not found.close("gradients at step 0", out, {"weight": torch.ones(2, 3), "bias": out["bias"]})
         assert found.failures == [f"gradients at step 0 [weight]: not gathered as Thunder held it: rank 0: {named}"]
+
+
+def test_a_tensor_left_on_meta_copies_as_values_no_comparison_takes_for_eagers() -> None:
+    """Thunder left a buffer unmaterialized: the rank side records it (the materialization area
+    names the device) instead of crashing in the copy ('Cannot copy out of meta tensor')."""
+    from conformance.rank.gather import cpu_copies
+
+    copies = cpu_copies(
+        [
+            ("running_mean", torch.empty(3, device="meta")),
+            ("num_batches_tracked", torch.empty((), dtype=torch.long, device="meta")),
+            ("mask", torch.empty(2, dtype=torch.bool, device="meta")),
+        ]
+    )
+    assert copies["running_mean"].device.type == "cpu" and copies["running_mean"].isnan().all()
+    assert copies["num_batches_tracked"].item() == torch.iinfo(torch.long).min
+    assert copies["mask"].shape == (2,) and copies["mask"].dtype == torch.bool

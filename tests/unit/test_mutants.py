@@ -241,3 +241,15 @@ def test_diff_lists_only_the_mutants_on_the_lines_a_commit_range_changed(tmp_pat
     expected = sorted(m.id for m in every if changed + 1 in m.lines)
     assert listed and sorted(listed) == expected
     assert main([*args, "--diff", f"{b}..{a}", "--out", str(tmp_path / "m")]) == 4  # B is not the installed source
+
+
+def test_a_session_forgets_the_verdicts_of_one_outcome(tmp_path: Path) -> None:
+    every = list(sites.sites("thunder/distributed/utils.py", SOURCE))[:2]
+    session = Session(tmp_path / "s.sqlite")
+    session.add(every)
+    session.record(every[0], Verdict(KIT_ERROR), "")
+    session.record(every[1], Verdict(SURVIVED), "")
+    assert session.forget(KIT_ERROR) == 1
+    assert [m.id for m in session.pending()] == [every[0].id]
+    assert [v.outcome for _, v, _ in session.judged()] == [SURVIVED]
+    session.close()
