@@ -14,6 +14,19 @@ from typing import Any
 import torch
 
 
+class ThunderReturnedWrong(Exception):
+    """Raised on a rank where what Thunder returned cannot be read on, so the cell cannot
+    continue (an output of the wrong shape, which no loss can weigh): the front end reports
+    the cell as not conforming with this message, never as the kit's error."""
+
+
+def returned_wrong(error: str | None) -> str | None:
+    """The message of a ``ThunderReturnedWrong`` in a rank's formatted traceback, or None."""
+    last = (error or "").strip().splitlines()[-1:] or [""]
+    marker = f"{ThunderReturnedWrong.__module__}.{ThunderReturnedWrong.__qualname__}: "
+    return last[0][len(marker) :] if last[0].startswith(marker) else None
+
+
 @dataclasses.dataclass
 class Crash:
     """A check that raised instead of judging: the kit's failure, never Thunder's verdict."""

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from conformance.checks.collectives import SEQUENCE
-from conformance.checks.findings import CellResult
+from conformance.checks.findings import CellResult, returned_wrong
 from conformance.checks.registry import AREAS, applies
 from conformance.frontend import baseline, ledger
 from conformance.frontend.blame import KIT, THUNDER, Blame, KitError, blame
@@ -71,6 +71,12 @@ class Conformance:
             self._record(cell, area, outcome, answers)
         repro = f"repro: {self.replay_line(cell) if cell.spec else self.runner.session.repro(self.node.nodeid)}"
         if not outcome.ok:
+            wrong = sorted({m for r in outcome.results if (m := returned_wrong(r.error)) is not None})
+            if wrong:  # a rank could not read on what Thunder returned: Thunder's non-conformance
+                ranks = [r.rank for r in outcome.results if returned_wrong(r.error) is not None]
+                lines = [f"{cell.id} does not conform ({area}): the cell stopped on what Thunder returned"]
+                lines += [f"  ranks {ranks}: {m}" for m in wrong]
+                pytest.fail("\n".join([*lines, repro]), pytrace=False)
             _raise_if_kit(cell, area, outcome, repro)
             names = _rank_names(cell, len(outcome.results))
             head = f"cell {cell.id} did not run to completion{_thunder_raised(outcome)}"

@@ -26,6 +26,21 @@ def loss(out: torch.Tensor, cotangent: torch.Tensor) -> torch.Tensor:
     return (out * cotangent).mean()
 
 
+def unweighable(out: object, expected: torch.Tensor) -> str | None:
+    """Why the Thunder module's output cannot be weighed by the loss eager's output is, if it
+    cannot: not a tensor, or another shape, dtype or device than eager's output."""
+    if not isinstance(out, torch.Tensor):
+        return f"is a {type(out).__name__}, eager's a tensor of shape {tuple(expected.shape)}"
+    for what, got, want in (
+        ("shape", tuple(out.shape), tuple(expected.shape)),
+        ("dtype", out.dtype, expected.dtype),
+        ("device", out.device, expected.device),
+    ):
+        if got != want:
+            return f"has {what} {got}, eager's {want}"
+    return None
+
+
 def mean_loss(outputs: list[torch.Tensor], cotangents: list[torch.Tensor]) -> torch.Tensor:
     """FSDP averages gradients over ranks: eager's loss is the mean of the ranks' losses."""
     return sum(loss(o, c) for o, c in zip(outputs, cotangents, strict=True)) / len(outputs)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from conformance.checks.findings import ThunderReturnedWrong
 from conformance.checks.record import MEASURED_STEP, ParametersAfter, Replicas, SavedTensor, StepRecord
 from conformance.checks.storages import distinct_storages
 from conformance.rank.buffers import PerRank
@@ -33,6 +34,7 @@ from conformance.rank.eager import (
     loss,
     mean_loss,
     rank_gradients,
+    unweighable,
 )
 from conformance.rank.gather import apart_from_rank0, cpu_copies, snapshot
 from conformance.rank.measure import Ledger, measure
@@ -148,6 +150,8 @@ class _Lockstep:
         cotangents = [
             torch.randn(o.shape, generator=generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
         ]
+        if (wrong := unweighable(out, ref_outs[rank])) is not None:
+            raise ThunderReturnedWrong(f"step {step}: the Thunder module's output {wrong}")
         output = out.detach().clone().cpu()
         with ledger.phase() as backward, thunder_call():
             rank_loss = loss(out, cotangents[rank])

@@ -84,3 +84,29 @@ def test_instrumentation_is_declared_and_exists() -> None:
     assert hooks <= INSTRUMENTATION, f"a mode of the kit's that blame would take for the kit's logic: {hooks}"
     missing = INSTRUMENTATION - functions
     assert not missing, f"declared instrumentation that the kit no longer has: {missing}"
+
+
+def test_an_output_no_loss_can_weigh_is_thunders_non_conformance_not_the_kits() -> None:
+    """A Thunder whose FSDP never cuts the padding off a gathered weight returns an output of
+    the wrong shape: the rank stops with ThunderReturnedWrong, which the front end reads off
+    the rank's traceback as Thunder's, naming what was wrong."""
+    import traceback
+
+    import torch
+
+    from conformance.checks.findings import ThunderReturnedWrong, returned_wrong
+    from conformance.rank.eager import unweighable
+
+    expected = torch.zeros(4, 8)
+    assert unweighable(torch.zeros(4, 8), expected) is None
+    assert unweighable(torch.zeros(4, 10), expected) == "has shape (4, 10), eager's (4, 8)"
+    assert unweighable(torch.zeros(4, 8, dtype=torch.float64), expected) == (
+        "has dtype torch.float64, eager's torch.float32"
+    )
+    assert unweighable((expected,), expected) == "is a tuple, eager's a tensor of shape (4, 8)"
+    try:
+        raise ThunderReturnedWrong("step 0: the Thunder module's output has shape (4, 10), eager's (4, 8)")
+    except ThunderReturnedWrong as exc:
+        error = "".join(traceback.format_exception(exc))
+    assert returned_wrong(error) == "step 0: the Thunder module's output has shape (4, 10), eager's (4, 8)"
+    assert returned_wrong("Traceback ...\nRuntimeError: boom") is None and returned_wrong(None) is None
