@@ -5,6 +5,7 @@ Thunder raised, or the kit broke."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 # outcomes
@@ -27,13 +28,14 @@ class Verdict:
     areas: tuple[str, ...] = ()  # the areas that found the difference (silent kills)
     detail: str = ""  # the first line of the deciding message
     seconds: float = 0.0  # the whole trial, suite start to report
+    findings: tuple[str, ...] = ()  # the killing cell's unexplained findings (the first few)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Verdict:
-        return cls(**{**data, "areas": tuple(data.get("areas", ()))})
+        return cls(**{**data, "areas": tuple(data.get("areas", ())), "findings": tuple(data.get("findings", ()))})
 
 
 def _first_line(message: str) -> str:
@@ -41,12 +43,23 @@ def _first_line(message: str) -> str:
     return lines[1].strip() if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
 
 
-def _raised_only(message: str) -> bool:
-    """Whether every unexplained finding of a 'does not conform' message is Thunder raising when
-    a check asked it something (its traces, its state dict)."""
-    findings = [line.strip() for line in message.splitlines()[1:] if line.strip().startswith("ranks ")]
-    unexplained = [f for f in findings if not f.endswith("[expected: xfails]")]
-    return bool(unexplained) and all(": asking Thunder raised at " in f for f in unexplained)
+# a finding that says Thunder raised: "asking Thunder raised at FILE:LINE", "Thunder raised
+# TypeError" (a scenario's call), "get_model_state_dict raised RuntimeError"
+_RAISE = re.compile(r"\braised(?: at |\s+[A-Z][\w.]*(?:Error|Exception|Exit|Interrupt)\b)")
+SHOWN_FINDINGS = 8
+
+
+def unexplained(message: str) -> list[str]:
+    """The findings of a 'does not conform' message that no xfails entry explained."""
+    findings = [line.strip() for line in message.splitlines()[1:] if line.strip().startswith(("ranks ", "xfails"))]
+    return [f for f in findings if not f.endswith("[expected: xfails]")]
+
+
+def raises(findings: list[str]) -> bool:
+    """Whether Thunder raised somewhere in a cell's findings: then the raise is the cause and
+    the rest of what differs its consequence (a mutant that makes Thunder raise proves only
+    that Thunder runs), and the kill is a raise, never silently wrong."""
+    return any(_RAISE.search(f) for f in findings)
 
 
 def classify(report: dict[str, Any], seconds: float) -> Verdict:
@@ -69,11 +82,12 @@ def classify(report: dict[str, Any], seconds: float) -> Verdict:
         if "did not run to completion" in message.splitlines()[0]:
             outcome = TIMEOUT if "timeout" in statuses else RAISED
             return Verdict(outcome, cells_run, cell, (), message.splitlines()[0], seconds)
-        silent = [c for c in mine if not _raised_only(c.get("message", ""))]
-        if not silent:
-            return Verdict(RAISED, cells_run, cell, (), _first_line(message), seconds)
-        areas = tuple(sorted(c["area"] for c in silent))
-        return Verdict(SILENT, cells_run, cell, areas, _first_line(silent[0].get("message", "")), seconds)
+        findings = [f for c in mine for f in unexplained(c.get("message", ""))]
+        shown = tuple(findings[:SHOWN_FINDINGS])
+        if raises(findings):
+            return Verdict(RAISED, cells_run, cell, (), _first_line(message), seconds, shown)
+        areas = tuple(sorted(c["area"] for c in mine))
+        return Verdict(SILENT, cells_run, cell, areas, _first_line(message), seconds, shown)
     if not items and report.get("exit_status", 0) not in (0, 5):
         # no item ran: collection failed, which under a mutant means the composition probe
         # (Thunder's code, run before any cell) did not complete

@@ -143,6 +143,19 @@ def test_verdicts_read_off_the_report() -> None:
     assert classify({"cells": [_item("b", "numerics", "failed", raised, ("failed", "aborted"))]}, 1).outcome == RAISED
     hung = "cell b did not run to completion\nrank 0 timeout"
     assert classify({"cells": [_item("b", "numerics", "failed", hung, ("timeout", "timeout"))]}, 1).outcome == TIMEOUT
+    scenario = "b does not conform (numerics):\n  ranks [0, 1]: gradients over 2 micro-steps: Thunder raised TypeError"
+    checkpoint = (
+        "b does not conform (state_dict):\n  ranks [0]: full checkpoint: x.get_model_state_dict raised RuntimeError"
+    )
+    beside = "b does not conform (collectives):\n  ranks [0, 1]: backward reduce_scatters: expected 4, got 2"
+    mixed = [_item("b", "numerics", "failed", scenario), _item("b", "collectives", "failed", beside)]
+    assert classify({"cells": mixed}, 1).outcome == RAISED  # the raise is the cause, the rest its consequence
+    assert classify({"cells": [_item("b", "state_dict", "failed", checkpoint)]}, 1).outcome == RAISED
+    stale = "b conforms (collectives), but xfails entries cover it:\n  xfails.toml:113: stale: the item conforms now"
+    v = classify({"cells": [_item("b", "collectives", "failed", stale)]}, 1)
+    assert v.outcome == SILENT and v.findings == ("xfails.toml:113: stale: the item conforms now",)
+    stopped = "b does not conform (memory): the cell stopped on what Thunder returned\n  ranks [0]: step 0: shape (2,)"
+    assert classify({"cells": [_item("b", "memory", "failed", stopped)]}, 1).outcome == SILENT
     broke = "the kit broke, not Thunder: b (memory): rank 0: a check raised at conformance/checks/memory.py:9"
     assert classify({"cells": [_item("b", "memory", "error", broke)]}, 1).outcome == KIT_ERROR
     refused = {"cells": [], "cells_not_collected": ["b"], "exit_status": 5}
