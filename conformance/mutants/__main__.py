@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{session.forget(args.rejudge)} mutants judged {args.rejudge!r} to judge again", flush=True)
         # the cheapest first (fewest cells to run), so that an analysis stopped early has
         # judged the most mutants; a line every cell runs (import time) goes last
+        asked = {m.id for m in chosen}  # this command's selection: a session may hold more
         pending = sorted(
-            (m for m in session.pending() if sources.get(m.path) == m.source),
+            (m for m in session.pending() if m.id in asked),
             key=lambda m: (len(trial.cells_for(m, cmap)), m.id),
         )
         if not args.report_only:
