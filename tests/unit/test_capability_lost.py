@@ -231,8 +231,11 @@ def test_baseline_items_a_stopped_run_did_not_reach_are_not_called_lost(tmp_path
     assert json.loads((tmp_path / "report" / "report.json").read_text())["whole_run"] is False
 
 
-def suite_config(*args: str, keyword: str = "", markexpr: str = "", deselect: list[str] | None = None) -> Any:
-    option = SimpleNamespace(keyword=keyword, markexpr=markexpr, deselect=deselect, lf=False)
+def suite_config(
+    *args: str, keyword: str = "", markexpr: str = "", deselect: list[str] | None = None, **narrowing: Any
+) -> Any:
+    narrowing = {"cells": None, "affected_by": None, **narrowing}  # --cells, --affected-by
+    option = SimpleNamespace(keyword=keyword, markexpr=markexpr, deselect=deselect, lf=False, **narrowing)
     return SimpleNamespace(option=option, args=list(args), rootpath=ROOT, invocation_params=SimpleNamespace(dir=ROOT))
 
 
@@ -244,4 +247,5 @@ def test_a_run_selects_all_only_without_k_m_deselect_or_a_narrower_path() -> Non
     assert not selects_all(suite_config("conformance", markexpr="not slow"))
     assert not selects_all(suite_config("conformance", deselect=["conformance/test_memory.py"]))
     assert not selects_all(suite_config("conformance/test_memory.py"))
+    assert not selects_all(suite_config("conformance", cells=["a-cell"]))
     assert not selects_all(suite_config(f"conformance/test_memory.py::test_memory[{DDP}]"))

@@ -301,6 +301,9 @@ def test_the_runner_tells_the_reports_what_it_found(gpus, monkeypatch: pytest.Mo
         "rank_start": "fork",
         "report_dir": tmp_path,
         "baseline": None,
+        "thunder_coverage": False,
+        "cells": None,
+        "affected_by": None,
     }
     config = types.SimpleNamespace(option=types.SimpleNamespace(), getoption=given.__getitem__, rootpath=tmp_path)
     info = Runner(config).session  # type: ignore[arg-type]
