@@ -13,12 +13,11 @@ without the kit deciding anything there.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib.util
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from conformance.reports import environment
 from conformance.world.launch import ROOT
 
 KIT_PACKAGES = ("conformance", "fixtures", "transforms")
@@ -56,16 +55,9 @@ class Blame:
     frame: Frame | None  # the innermost frame of the owner's code
 
 
-@functools.cache  # where Thunder lives does not change within a process
 def _thunder_root() -> Path | None:
-    """Where the Thunder under test lives (found, not imported: the controller stays light)."""
-    try:
-        spec = importlib.util.find_spec("thunder")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))).resolve()
+    """Where the Thunder under test lives."""
+    return environment.thunder_package()
 
 
 def owner_of(file: str, thunder_root: Path | None) -> str | None:

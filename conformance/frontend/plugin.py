@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,9 +23,8 @@ from conformance.frontend.ledger import Ledger
 from conformance.frontend.runner import DEFAULT_XFAILS, RUNNER, Runner
 from conformance.frontend.verdict import Conformance
 from conformance.frontend.xfails import KnownNonConformance
-from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import PROFILES
-from conformance.reports.outcomes import is_unsupported
+from conformance.reports.outcomes import cell_of, is_unsupported
 from conformance.world import seal
 from conformance.world.nodes import join_command
 
@@ -216,23 +215,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # test_replay exists to rerun one printed cell: without --replay there is nothing to run;
     # an area with no cell in the profile (the scale profile's simulated cells judge three
     # areas) has nothing to skip either
-    unused = [
-        i
-        for i in items
-        if (i.name == "test_replay" and config.getoption("replay") is None)
-        or any(str(m.kwargs.get("reason", "")).startswith("got empty parameter set") for m in i.iter_markers("skip"))
-    ]
-    if unused:
-        config.hook.pytest_deselected(items=unused)
-        items[:] = [i for i in items if i not in unused]
+    _deselect(
+        config,
+        items,
+        lambda i: (i.name == "test_replay" and config.getoption("replay") is None)
+        or any(str(m.kwargs.get("reason", "")).startswith("got empty parameter set") for m in i.iter_markers("skip")),
+    )
     runner = config.stash[RUNNER]
     if runner.affected is not None:  # --affected-by: only the cells the change can reach
-        cells = {c.id for i in items if (c := _cell_of(i)) is not None}
+        cells = {c.id for i in items if (c := cell_of(i)) is not None}
         reached = {c for c in cells if runner.affected.reaches(c)}
-        gone = [i for i in items if (c := _cell_of(i)) is not None and c.id not in reached]
-        if gone:
-            config.hook.pytest_deselected(items=gone)
-            items[:] = [i for i in items if i not in gone]
+        _deselect(config, items, lambda i: (c := cell_of(i)) is not None and c.id not in reached)
         note = runner.affected.note(len(reached), len(cells) - len(reached))
         reporter = config.pluginmanager.get_plugin("conformance-reporter")
         if reporter is not None:
@@ -242,21 +235,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             kept, out = note["cells_kept"], note["cells_left_out"]
             terminal.write_line(f"--affected-by: {kept} cells run, {out} {note['why']}")
     if runner.order is not None:  # --cells: those cells only, in the file's order
-        others = [i for i in items if (c := _cell_of(i)) is None or c.id not in runner.order]
-        if others:
-            config.hook.pytest_deselected(items=others)
-            items[:] = [i for i in items if i not in others]
+        order = runner.order
+        _deselect(config, items, lambda i: (c := cell_of(i)) is None or c.id not in order)
     # Verdict first: every area of a cell in a row, so that -x stops right after the first
     # cell with a failing area, and each world's cells in one block, so that a world is
     # closed as soon as no later item needs it (see pytest_runtest_logfinish).
-    items.sort(key=lambda item: runner.position(_cell_of(item)))
-    runner.lifetimes.plan((item.nodeid, runner.world_key(_cell_of(item))) for item in items)
+    items.sort(key=lambda item: runner.position(cell_of(item)))
+    runner.lifetimes.plan((item.nodeid, runner.world_key(cell_of(item))) for item in items)
 
 
-def _cell_of(item: pytest.Item) -> Cell | None:
-    """The cell an item judges; None for generated models, run at the session's world size."""
-    callspec = getattr(item, "callspec", None)
-    return callspec.params.get("cell") if callspec is not None else None
+def _deselect(config: pytest.Config, items: list[pytest.Item], drop: Callable[[pytest.Item], bool]) -> None:
+    """Take the items ``drop`` names out of the run, as deselected (pytest counts them so)."""
+    dropped = [i for i in items if drop(i)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [i for i in items if not drop(i)]
 
 
 @pytest.hookimpl(trylast=True)
@@ -266,7 +259,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     failed = item.stash.get(_FAILED, False) or item.session.stash.get(_CELL_FAILED, False)
     if item.config.getoption("first_failing_cell") and failed:
         item.session.stash[_CELL_FAILED] = True
-        if nextitem is None or _cell_of(nextitem) != _cell_of(item):
+        if nextitem is None or cell_of(nextitem) != cell_of(item):
             item.session.shouldstop = "--first-failing-cell: every area of the first failing cell is judged"
 
 

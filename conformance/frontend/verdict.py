@@ -71,11 +71,10 @@ class Conformance:
             self._record(cell, area, outcome, answers)
         repro = f"repro: {self.replay_line(cell) if cell.spec else self.runner.session.repro(self.node.nodeid)}"
         if not outcome.ok:
-            wrong = sorted({m for r in outcome.results if (m := returned_wrong(r.error)) is not None})
+            wrong = {r.rank: m for r in outcome.results if (m := returned_wrong(r.error)) is not None}
             if wrong:  # a rank could not read on what Thunder returned: Thunder's non-conformance
-                ranks = [r.rank for r in outcome.results if returned_wrong(r.error) is not None]
                 lines = [f"{cell.id} does not conform ({area}): the cell stopped on what Thunder returned"]
-                lines += [f"  ranks {ranks}: {m}" for m in wrong]
+                lines += [f"  ranks {list(wrong)}: {m}" for m in sorted(set(wrong.values()))]
                 pytest.fail("\n".join([*lines, repro]), pytrace=False)
             _raise_if_kit(cell, area, outcome, repro)
             names = _rank_names(cell, len(outcome.results))

@@ -108,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     root = installed_thunder()
     try:
         every, chosen = select(args, root, cmap)
-        sources = {m.path: m.source for m in every}
-        reviewed = equivalents.load(args.equivalents, every, sources)
+        reviewed = equivalents.load(args.equivalents, every)
     except (BadInput, equivalents.EquivalentsError) as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 4

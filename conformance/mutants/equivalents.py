@@ -36,11 +36,12 @@ class Equivalent:
     why: str
 
 
-def load(path: Path | None, every: list[Mutant], sources: dict[str, str]) -> dict[str, Equivalent]:
-    """Mutant id -> its entry, for the entries about this Thunder's sources (``sources``: path
-    -> source hash of the files in scope); ``every``: all mutants of those files."""
+def load(path: Path | None, every: list[Mutant]) -> dict[str, Equivalent]:
+    """Mutant id -> its entry, for the entries about this Thunder's sources; ``every``: all
+    mutants of the files in scope (whose ids name each file's source)."""
     if path is None or not path.exists():
         return {}
+    sources = {m.path: m.source for m in every}
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:

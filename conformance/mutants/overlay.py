@@ -17,14 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from conformance.mutants.sites import Mutant
+from conformance.reports import environment
 
 
 def installed_thunder() -> Path:
     """The folder that holds the ``thunder`` package this interpreter would import."""
-    spec = importlib.util.find_spec("thunder")  # finds it without importing it
-    if spec is None or spec.origin is None:
+    package = environment.thunder_package()
+    if package is None:
         raise RuntimeError("no Thunder is installed beside the kit")
-    return Path(spec.origin).parent.parent
+    return package.parent
 
 
 class Overlay:

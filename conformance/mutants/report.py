@@ -30,9 +30,13 @@ class Score:
         return sum(self.counts.get(o, 0) for o in RUN)
 
     @property
+    def kept_running(self) -> int:
+        """Mutants run that neither raised nor hung: the silently-wrong score's denominator."""
+        return self.run - self.counts.get(RAISED, 0) - self.counts.get(TIMEOUT, 0)
+
+    @property
     def silent(self) -> float | None:
-        kept_running = self.run - self.counts.get(RAISED, 0) - self.counts.get(TIMEOUT, 0)
-        return self.counts.get(SILENT, 0) / kept_running if kept_running else None
+        return self.counts.get(SILENT, 0) / self.kept_running if self.kept_running else None
 
     @property
     def plain(self) -> float | None:
@@ -40,7 +44,14 @@ class Score:
         return kills / self.run if self.run else None
 
     def to_json(self) -> dict[str, Any]:
-        return {"counts": self.counts, "run": self.run, "silent_score": self.silent, "plain_score": self.plain}
+        return {
+            "counts": self.counts,
+            "run": self.run,
+            "kept_running": self.kept_running,
+            "silently_wrong": self.counts.get(SILENT, 0),
+            "silent_score": self.silent,
+            "plain_score": self.plain,
+        }
 
 
 def score(verdicts: Iterable[Verdict]) -> Score:

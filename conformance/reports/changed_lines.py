@@ -21,12 +21,9 @@ def from_unified_diff(text: str, side: str = "new") -> dict[str, set[int]]:
     path: str | None = None
     for line in text.splitlines():
         if line.startswith("--- "):
-            name = line[4:].split("\t")[0]
-            old_path = None if name == "/dev/null" else name.removeprefix("a/")
+            old_path = _file(line, "a/")
         elif line.startswith("+++ "):
-            name = line[4:].split("\t")[0]
-            new_path = None if name == "/dev/null" else name.removeprefix("b/")
-            path = new_path if side == "new" else old_path
+            path = _file(line, "b/") if side == "new" else old_path
         elif path is not None and (m := _HUNK.match(line)):
             group = (1, 2) if side == "old" else (3, 4)
             start = int(m.group(group[0]))
@@ -37,6 +34,12 @@ def from_unified_diff(text: str, side: str = "new") -> dict[str, set[int]]:
                 touched = {max(start, 1)} if side == "new" else {max(start, 1), start + 1}
             changed.setdefault(path, set()).update(touched)
     return changed
+
+
+def _file(header: str, prefix: str) -> str | None:
+    """The path a ``---``/``+++`` header names (None for ``/dev/null``: no such side)."""
+    name = header[4:].split("\t")[0]
+    return None if name == "/dev/null" else name.removeprefix(prefix)
 
 
 def from_path_lines(spec: str) -> dict[str, set[int]]:

@@ -5,7 +5,9 @@ Read from package metadata, so the controller never has to import Thunder.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -26,6 +28,19 @@ def version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+@functools.cache  # where Thunder lives does not change within a process
+def thunder_package() -> Path | None:
+    """The folder of the ``thunder`` package this interpreter would import (found, not
+    imported: the controller stays light), or None where there is none."""
+    try:
+        spec = importlib.util.find_spec("thunder")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
 def thunder_source() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Outcome names of an item, read from pytest's reports. "unsupported" is the kit's own: a
+"""Outcome names of an item, read from pytest's reports, and the cell an item judges. "unsupported" is the kit's own: a
 composition the Thunder under test does not offer, reported as a skip with a known prefix.
 "error" is the kit's own failure (conformance/frontend/blame.py), never Thunder's. ``excuse``
 reads back from a report's item why it is excused."""
@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from conformance.matrix.cells import Cell
+
 UNSUPPORTED = "unsupported: "  # prefix of the skip reason of an unsupported cell
 
 MARKS = {
@@ -20,6 +22,13 @@ MARKS = {
     "xfailed": "⚠️ xfail",
     "unsupported": "🚫",
 }
+
+
+def cell_of(item: pytest.Item) -> Cell | None:
+    """The cell an item judges (its ``cell`` parameter); None for generated models."""
+    callspec = getattr(item, "callspec", None)
+    cell = callspec.params.get("cell") if callspec is not None else None
+    return cell if isinstance(cell, Cell) else None
 
 
 def plain_nodeid(nodeid: str) -> str:

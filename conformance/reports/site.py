@@ -132,10 +132,7 @@ def _score(score: dict[str, Any] | None) -> str:
     """The night's mutation analysis: silently-wrong kills of the mutants that kept Thunder running."""
     if not score or score.get("silent_score") is None:
         return "<td>–</td>"
-    counts = score.get("counts", {})
-    silent = counts.get("killed: silently wrong", 0)
-    kept = score["run"] - counts.get("killed: Thunder raised", 0) - counts.get("timed out", 0)
-    return f"<td>{100 * score['silent_score']:.0f}% ({silent} of {kept})</td>"
+    return f"<td>{100 * score['silent_score']:.0f}% ({score['silently_wrong']} of {score['kept_running']})</td>"
 
 
 def _counts(counts: dict[str, int], area: str) -> str:

@@ -29,7 +29,7 @@ from conformance.reports.comparison import VANISHED, Comparison, ItemChange, com
 from conformance.reports.comparison_markdown import markdown
 from conformance.reports.figures import memory_figure
 from conformance.reports.html import page
-from conformance.reports.outcomes import outcome, plain_nodeid
+from conformance.reports.outcomes import cell_of, outcome, plain_nodeid
 from conformance.reports.scale import scale_figure
 from conformance.reports.session import SessionInfo
 from conformance.reports.summary import summary
@@ -79,7 +79,7 @@ class Reporter:
         collects nothing itself: it says nothing then)."""
         if self.session.cells is None or not session.items:
             return
-        collected = {cell.id for item in session.items if (cell := _cell_param(item)) is not None}
+        collected = {cell.id for item in session.items if (cell := cell_of(item)) is not None}
         self.cells_not_collected = [c for c in self.session.cells if c not in collected]
 
     # A test's record is complete once its last phase (teardown) is reported.
@@ -177,24 +177,14 @@ class Reporter:
         (self.dir / "summary.md").write_text(text)
         (self.dir / "report.html").write_text(page(report, self.session.repro))
 
-
     def _thunder_coverage(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """--thunder-coverage: the ranks' data combined into the coverage map and coverage's HTML
         (conformance/reports/coverage_map.py), the Thunder found where the ranks found it."""
-        import importlib.util
-
-        spec = importlib.util.find_spec("thunder")  # finds the package without importing it
-        assert spec is not None and spec.origin is not None, "no Thunder to map"
+        package = environment.thunder_package()
         data_dir = self.session.thunder_coverage
-        assert data_dir is not None
+        assert package is not None and data_dir is not None, "no Thunder to map"
         version = environment.version(environment.THUNDER_DIST) or "unknown"
-        return coverage_map.write(data_dir, self.dir, Path(spec.origin).parent, version, records)
-
-
-def _cell_param(item: pytest.Item) -> Cell | None:
-    callspec = getattr(item, "callspec", None)
-    cell = callspec.params.get("cell") if callspec is not None else None
-    return cell if isinstance(cell, Cell) else None
+        return coverage_map.write(data_dir, self.dir, package, version, records)
 
 
 def contract_left(ran: list[Cell], session: SessionInfo, whole_run: bool) -> list[dict[str, Any]] | None:

@@ -116,7 +116,7 @@ def test_the_dashboard_refuses_a_folder_without_reports(tmp_path: Path, capsys) 
 def test_the_dashboard_shows_each_nights_mutation_score_where_it_has_one(tmp_path: Path) -> None:
     runs = runs_folder(tmp_path / "runs")
     counts = {"killed: silently wrong": 17, "killed: Thunder raised": 30, "survived": 3, "not covered": 9}
-    score = {"counts": counts, "run": 50, "silent_score": 17 / 20, "plain_score": 47 / 50}
+    score = {"counts": counts, "run": 50, "kept_running": 20, "silently_wrong": 17, "silent_score": 17 / 20}
     (runs / "pin" / "mutants.json").write_text(json.dumps({"score": score}))
     site.build(runs, tmp_path / "site")
     text = (tmp_path / "site" / "index.html").read_text()
