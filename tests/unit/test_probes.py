@@ -63,19 +63,15 @@ def test_a_module_that_raises_while_importing_is_no_absence(package: str) -> Non
 
 
 @pytest.fixture
-def thunder_breaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def thunder_breaks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Thunder's ``fsdp`` raises inside Thunder (its own check that torch.distributed is
     there fails) before it would refuse the plain module: the legacy probe meets a breakage."""
     import torch.distributed
 
-    compositions._legacy_unsupported.cache_clear()
     monkeypatch.setattr(torch.distributed, "is_available", lambda: False)
-    yield
-    compositions._legacy_unsupported.cache_clear()
 
 
 def test_the_pins_refusal_of_the_legacy_composition_is_an_absence() -> None:
-    compositions._legacy_unsupported.cache_clear()
     assert compositions._legacy_unsupported(CPU).startswith("thunder.distributed.fsdp(nn.Module) raises TypeError")
 
 
