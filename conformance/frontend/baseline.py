@@ -1,23 +1,40 @@
 """--baseline: the run in progress against an earlier report. A memory item fails where a
 phase's measured peak grew beyond run-to-run noise over the baseline's (the thresholds and
 their measurement: ``reports/noise.py``); the whole comparison goes to summary.md and
-compare.json at session end, where capability lost sets exit status 1 (``reports/writer.py``)."""
+compare.json at session end, where capability lost sets exit status 1 (``reports/writer.py``).
+The cells that failed or regressed there run first, and its times order the rest
+(conformance/matrix/order.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
+from conformance.matrix.cost import measured_seconds
 from conformance.reports.comparison import UnreadableReport, metrics, read_report
 from conformance.reports.noise import MEMORY, noise
 
 
-def load(path: Path | None) -> dict[str, dict[str, int]]:
-    """cell id -> phase -> measured peak bytes, from the memory items of a report (empty
-    without one). An unreadable report ends the run before any world starts (exit 4)."""
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    """What the run reads of an earlier report: each cell's memory peaks (a peak grown beyond
+    noise fails), which cells failed or moved there (they run first) and what each cell took
+    (the order's costs)."""
+
+    peaks: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # cell -> phase -> bytes
+    first: frozenset[str] = frozenset()  # cells that failed, erred or regressed beyond noise there
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # cell -> its items' time there
+
+
+def load(path: Path | None) -> Baseline:
+    """The baseline of ``path`` (empty without one). An unreadable report ends the run before
+    any world starts (exit 4). A compare.json beside it (that run's own comparison with its
+    baseline) adds the cells whose numbers regressed beyond noise there."""
     if path is None:
-        return {}
+        return Baseline()
     try:
         report = read_report(path)
     except UnreadableReport as e:
@@ -26,7 +43,21 @@ def load(path: Path | None) -> dict[str, dict[str, int]]:
     for (cell, area, metric), (_, value) in metrics(report["cells"]).items():
         if area == MEMORY and metric.endswith(" peak"):
             peaks.setdefault(cell, {})[metric.removesuffix(" peak")] = value
-    return peaks
+    first = {c["cell"] for c in report["cells"] if c.get("cell") and c["outcome"] in ("failed", "error")}
+    first |= _regressed((path if path.is_dir() else path.parent) / "compare.json")
+    return Baseline(peaks, frozenset(first), measured_seconds(report["cells"]))
+
+
+def _regressed(compare: Path) -> set[str]:
+    """The cells a comparison found worse beyond noise (an unreadable one adds none: it only
+    orders the run)."""
+    try:
+        data = json.loads(compare.read_text())
+        return {m["cell"] for m in data["metrics"] if m.get("regression")} | {
+            c["cell"] for c in data["items"] if c.get("regression") and c.get("cell")
+        }
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
 
 
 def grown(before: dict[str, int] | None, measured: dict[str, int]) -> list[str]:

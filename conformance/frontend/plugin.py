@@ -23,6 +23,7 @@ from conformance.frontend.ledger import Ledger
 from conformance.frontend.runner import DEFAULT_XFAILS, RUNNER, Runner
 from conformance.frontend.verdict import Conformance
 from conformance.frontend.xfails import KnownNonConformance
+from conformance.matrix.order import ORDERS
 from conformance.matrix.profiles import PROFILES
 from conformance.reports.outcomes import cell_of, is_unsupported
 from conformance.world import seal
@@ -97,6 +98,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="which cells: smoke (one per kind of check), ci (pairwise covering array, default), "
         "nightly (every triple of values: a strength-3 covering array), full (every cell), "
         "scale (simulated worlds of 7 to 1024 ranks)",
+    )
+    group.addoption(
+        "--order",
+        choices=ORDERS,
+        default=ORDERS[0],
+        help="the order cells run in: early-verdict (default: cells that failed in --baseline, then a short "
+        "prefix meeting every axis value and contract feature cheapest first, then the most new combinations "
+        "per expected second) or generation (the covering array's own, each world's cells in one block)",
     )
     group.addoption(
         "--baseline",

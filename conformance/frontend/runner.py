@@ -13,6 +13,7 @@ import pytest
 from conformance.checks.findings import CellResult
 from conformance.frontend import baseline, options, xfails
 from conformance.frontend.lifetimes import Lifetimes, WorldKey
+from conformance.matrix import cost, order
 from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import cells
 from conformance.matrix.simulated import SAMPLED
@@ -116,7 +117,9 @@ class Runner:
             max_idle=config.getoption("max_idle_worlds"),
             foresight=self.place.workers == 1 and not hasattr(config, "workerinput"),
         )
-        self._index: dict[str, int] | None = None  # cell id -> its place in the profile
+        self._index: dict[str, int] | None = None  # cell id -> its place in the run
+        self.order_mode: str = config.getoption("order")
+        self._order: order.Order | None = None
         self.affected = config.getoption("affected_by")  # --affected-by, loaded by options.check
         self.order: dict[str, int] | None = None if asked is None else {c: i for i, c in enumerate(asked)}
         self._retired: list[World] = []  # told to stop, reaped at the end
@@ -244,16 +247,32 @@ class Runner:
         return (SAMPLED, True) if cell.simulated else (cell.world_size, False)
 
     def position(self, cell: Cell | None) -> tuple[bool, int, int]:
-        """Where an item goes in the run: real worlds by size, then simulated ones; within a
-        world its cells in the profile's order, each cell's areas together; generated models
-        after the cells of the session's size. Under --cells, the file's order alone."""
+        """Where an item goes in the run, each cell's areas together: under --cells, the file's
+        order; under --order generation, real worlds by size, then simulated ones, each world's
+        cells in the profile's order; else the early-verdict order (conformance/matrix/order.py).
+        Generated models after the cells of the session's size (generation) or all (early)."""
         if self.order is not None:
             return (False, 0, self.order.get(cell.id, len(self.order)) if cell is not None else len(self.order))
         if self._index is None:
-            self._index = {c.id: i for i, c in enumerate(self.cells)}
-        if cell is None:
-            return (False, self.session.nproc, len(self._index))
-        return (cell.simulated, cell.world_size, self._index.get(cell.id, -1))
+            self._index = {c.id: i for i, c in enumerate(self.run_order.cells)}
+        if self.order_mode == "generation":
+            if cell is None:
+                return (False, self.session.nproc, len(self._index))
+            return (cell.simulated, cell.world_size, self._index.get(cell.id, -1))
+        return (False, 0, len(self._index) if cell is None else self._index.get(cell.id, -1))
+
+    @property
+    def run_order(self) -> order.Order:
+        """The profile's cells in the order the run takes (the profile's own under generation)."""
+        if self._order is None:
+            if self.order_mode == "generation":
+                self._order = order.Order(tuple(self.cells), 0, 0, 0)
+            else:
+                known = self.baseline.seconds
+                self._order = order.early_verdict(
+                    self.cells, lambda c: known.get(c.id, cost.expected_seconds(c)), self.baseline.first
+                )
+        return self._order
 
     def finished(self, nodeid: str) -> None:
         """After an item: retire the worlds ``Lifetimes`` says are no longer worth keeping."""

@@ -106,7 +106,7 @@ class Conformance:
             failures.setdefault(f"asking Thunder raised at {who.frame}: {last}", []).append(rank)
         if area == "memory":
             measured = results[0].areas[area].metrics["measured"]
-            for msg in baseline.grown(self.runner.baseline.get(cell.id), measured):
+            for msg in baseline.grown(self.runner.baseline.peaks.get(cell.id), measured):
                 failures.setdefault(msg, []).append(0)
         self._judge(cell, area, failures, repro, record, derived)
 

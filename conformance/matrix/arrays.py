@@ -9,6 +9,7 @@ from typing import Any
 
 from conformance.matrix.axes import valid
 from conformance.matrix.cells import AXES, DEFAULT_SCENARIO, Cell
+from conformance.matrix.cost import SCENARIO_COMPILATIONS, scenario_seconds
 from fixtures.compositions import COMPOSITIONS
 from fixtures.models import MODELS
 
@@ -58,7 +59,7 @@ def grown(values: dict[str, list[Any]], contract: bool = True) -> Iterator[Cell]
     # fresh composition where FSDP's takes two)
     beyond = [s for s in values["scenario"] if s != DEFAULT_SCENARIO]
     scenarios = [DEFAULT_SCENARIO, *sorted(beyond, key=lambda s: -SCENARIO_COMPILATIONS[s])]
-    rows = grow(rows, "scenario", scenarios, rest, valid, _scenario_cost)
+    rows = grow(rows, "scenario", scenarios, rest, valid, scenario_seconds)
     for row in _topped_up(rows, values) if contract else rows:
         yield Cell(**row)
 
@@ -112,19 +113,6 @@ def _topped_up(rows: list[dict[str, Any]], values: dict[str, list[Any]]) -> list
         return [r for r in out if valid(r)]
 
     def cost(row: dict[str, Any]) -> float:
-        return MODELS[row["model"]].trace_s + _scenario_cost(row, row["scenario"])
+        return MODELS[row["model"]].trace_s + scenario_seconds(row, row["scenario"])
 
     return top_up(rows, meets, pairs | contracted(values), changes, additions, cost)
-
-
-# about how many compilations of the cell's model a scenario adds: a forward alone for
-# no_grad, a no_sync forward and backward, a second shape's, and a fresh composition for each
-# checkpoint kind (full; sharded too where parameters are: conformance/rank/scenarios/resume.py)
-SCENARIO_COMPILATIONS = {"infer": 0.6, "accumulate": 1.0, "reshape": 1.0, "resume": 1.0}
-
-
-def _scenario_cost(row: dict[str, Any], scenario: str) -> float:
-    if scenario == DEFAULT_SCENARIO:
-        return 0.0
-    kinds = 2 if scenario == "resume" and not COMPOSITIONS[row["composition"]].replicated else 1
-    return SCENARIO_COMPILATIONS[scenario] * kinds * MODELS[row["model"]].trace_s

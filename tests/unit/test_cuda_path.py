@@ -304,6 +304,7 @@ def test_the_runner_tells_the_reports_what_it_found(gpus, monkeypatch: pytest.Mo
         "thunder_coverage": False,
         "cells": None,
         "affected_by": None,
+        "order": "early-verdict",
     }
     config = types.SimpleNamespace(option=types.SimpleNamespace(), getoption=given.__getitem__, rootpath=tmp_path)
     info = Runner(config).session  # type: ignore[arg-type]

@@ -1,0 +1,147 @@
+"""The order a run takes its cells in: an early verdict.
+
+A person waiting on a fork's pull request or a bisect step waits for the first failure, so
+the cells most likely to show a regression soon go first (test-case prioritization, scored by
+how early the faults are found):
+
+1. **history**: the cells an earlier report (``--baseline``) saw fail or err, cheapest first;
+2. **the prefix**: a short run of cells that meets every axis value (every world size,
+   composition, scenario, init, ...) and every feature of ci's coverage contract at least once
+   (a weighted greedy set cover: most new things met per expected second), cheapest first;
+3. **the contract**: the same greedy over ci's coverage-contract items (a feature with a
+   transform family and a scenario, or with an init: conformance/matrix/contract.py), in the
+   order taken. A regression nearly always needs one such item, and pairs and triples would
+   outnumber them in the next stage's gains;
+4. **the rest**: each next cell the one that meets the most pairs and triples of axis values
+   not yet met, per expected second (the additional-coverage greedy order), a change of
+   world charged its start; then what meets nothing new, in the profile's order.
+
+Measured on ci's report, item by item (docs/measurements.md): the share of a clean run's
+time before each planted record's first failing item fell from a median of 0.12 (worst
+0.89) in the generation order to 0.005 (worst 0.31).
+
+The cells and their outcomes are the profile's whatever the order; ``--order generation``
+keeps the covering array's own order (worlds in blocks), for comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
+
+from conformance.matrix.cells import AXES, Cell
+from conformance.matrix.contract import items_of
+from conformance.matrix.cost import WORLD_START_S
+from conformance.matrix.features import features
+
+ORDERS = ("early-verdict", "generation")
+# a profile of more cells (full's 158,342) takes the combinations' stage in its own order:
+# that greedy took six minutes over full here (nightly's 771 cells: 3 s)
+GREEDY_LIMIT = 5000
+
+Seconds = Callable[[Cell], float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Order:
+    cells: tuple[Cell, ...]
+    history: int  # how many of the first cells an earlier report saw fail
+    prefix: int  # how many after them meet every axis value and contract feature
+    contract: int  # how many after those meet the rest of ci's contract items
+
+
+def values_of(cell: Cell) -> frozenset[Hashable]:
+    """What the prefix must meet, as far as ``cell`` goes: each of its axis values (a
+    simulated world a value of its own), and, for a real cell, each feature of its model
+    that ci's coverage contract is written in (conformance/matrix/features.py)."""
+    own: set[Hashable] = {(axis, getattr(cell, axis)) for axis in AXES}
+    own.add(("simulated", cell.simulated))
+    if not cell.simulated:
+        own |= {("feature", f) for f in features(cell.model, cell.tie, cell.world_size, cell.spec)}
+    return frozenset(own)
+
+
+def combinations_of(cell: Cell) -> frozenset[Hashable]:
+    """The pairs and triples of axis values ``cell`` meets, and for a real cell the items of
+    ci's coverage contract (a feature with a transform family and a scenario, or with an init)."""
+    values = [(axis, getattr(cell, axis)) for axis in AXES] + [("simulated", cell.simulated)]
+    return frozenset(itertools.chain(itertools.combinations(values, 2), itertools.combinations(values, 3)))
+
+
+def contract_of(cell: Cell) -> frozenset[Hashable]:
+    """The items of ci's coverage contract ``cell`` meets (none for a simulated one, which
+    checks no numerics and no state dict: the contract counts real cells only)."""
+    return frozenset() if cell.simulated else items_of(cell.__dict__)
+
+
+def _world(cell: Cell) -> tuple[int, bool]:
+    return (cell.world_size, cell.simulated)
+
+
+def _greedy(
+    cells: Sequence[Cell],
+    meets: Callable[[Cell], frozenset[Hashable]],
+    seconds: Seconds,
+    after: Cell | None = None,
+) -> list[Cell]:
+    """Cells in turn, each the one that meets the most not-yet-met things per expected second,
+    a change of world charged WORLD_START_S (ties: the profile's order), until no cell meets
+    anything new.
+
+    Lazy: the heap holds each cell's gain per second without the world's start, as it was
+    when last computed: a bound, since gains only shrink as cells are taken. A step pops
+    cells until the best score found beats every bound left."""
+    met: set[Hashable] = set()
+    cost = [max(seconds(c), 1e-3) for c in cells]
+    # a first bound: all of a cell's things, counted without keeping them (full's cells
+    # would hold gigabytes of them); each is counted again only when it reaches the top
+    heap = [(-len(meets(c)) / cost[i], i) for i, c in enumerate(cells)]
+    heapq.heapify(heap)
+    taken: list[Cell] = []
+    last = after
+    while heap:
+        best, best_i, best_own, popped = 0.0, -1, frozenset(), []
+        while heap and -heap[0][0] > best:
+            _, i = heapq.heappop(heap)
+            own = meets(cells[i])
+            gain = len(own - met)
+            start = WORLD_START_S if last is not None and _world(cells[i]) != _world(last) else 0.0
+            popped.append((-gain / cost[i], i))
+            if gain / (cost[i] + start) > best:
+                best, best_i, best_own = gain / (cost[i] + start), i, own
+        for entry in popped:
+            if entry[1] != best_i:
+                heapq.heappush(heap, entry)
+        if best_i < 0:  # nothing left meets anything new
+            break
+        taken.append(cells[best_i])
+        met |= best_own
+        last = cells[best_i]
+    return taken
+
+
+def early_verdict(cells: Sequence[Cell], seconds: Seconds, failed_before: Collection[str] = ()) -> Order:
+    """``cells`` (a profile's, in its own order) in the early-verdict order; ``seconds``: each
+    cell's expected cost; ``failed_before``: ids an earlier report saw fail or err."""
+    history = sorted((c for c in cells if c.id in failed_before), key=seconds)
+    rest = [c for c in cells if c.id not in failed_before]
+    prefix = sorted(_greedy(rest, values_of, seconds), key=seconds)
+    taken = [*history, *prefix]
+    contract = _greedy(_left(rest, taken), contract_of, seconds, taken[-1] if taken else None)
+    taken += contract
+    if len(rest) <= GREEDY_LIMIT:
+        taken += _greedy(_left(rest, taken), combinations_of, seconds, taken[-1] if taken else None)
+    taken += _left(rest, taken)  # nothing new to meet: the profile's order
+    return Order(tuple(taken), len(history), len(prefix), len(contract))
+
+
+def _left(cells: Sequence[Cell], taken: Sequence[Cell]) -> list[Cell]:
+    chosen = {c.id for c in taken}
+    return [c for c in cells if c.id not in chosen]
+
+
+def met_by(cells: Iterable[Cell]) -> frozenset[Hashable]:
+    """Everything the prefix must meet that ``cells`` meet."""
+    return frozenset().union(*(values_of(c) for c in cells))
