@@ -149,6 +149,10 @@ class Conformance:
         )
         if record and elsewhere:
             self.node.user_properties.append(("known_elsewhere", json.dumps([k.to_json() for k in elsewhere])))
+            # a failure is new unless every one of its unexplained findings is known elsewhere
+            heads = {head for k in elsewhere for head in k.explains}
+            only = all(msg.split("\n", 1)[0] in heads for msg in unexplained)
+            self.node.user_properties.append(("known_elsewhere_only", json.dumps(only)))
         pytest.fail("\n".join([*lines, *(k.note for k in elsewhere), repro]), pytrace=False)
 
     def _record(self, cell: Cell, area: str, outcome: Outcome, answers: list[CellResult | None]) -> None:

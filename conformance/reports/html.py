@@ -66,6 +66,7 @@ def page_data(report: dict[str, Any], repro: Callable[[str], str] | None = None)
         "started": report.get("started"),
         "exit_status": report.get("exit_status"),
         "counts": report.get("counts") or {},
+        "failures": report.get("failures") or {},
         "warnings": report.get("warnings") or [],
         "axes": list(AXES),
         "areas": areas,

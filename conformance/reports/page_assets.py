@@ -74,7 +74,10 @@ function matches(row, filters) {
 function header() {
   document.getElementById("title").textContent =
     "Thunder " + (D.thunder || "?") + " conformance (" + (D.profile || "?") + " profile)";
-  const counts = Object.entries(D.counts).map(([k, n]) => n + " " + k).join(", ");
+  // which failures are new and which an entry for other Thunder versions explains (a fork's triage)
+  const known = (D.failures || {}).known_elsewhere || 0;
+  const triage = known ? " (" + D.failures.new + " new, " + known + " known on other Thunder versions)" : "";
+  const counts = Object.entries(D.counts).map(([k, n]) => n + " " + k + (k === "failed" ? triage : "")).join(", ");
   document.getElementById("run").textContent = "torch " + (D.torch || "?") + ", " + (D.backend || "?") + ", " +
     (D.world_size || "?") + " ranks, started " + (D.started || "?") + ": " + counts +
     " (exit status " + D.exit_status + ")";

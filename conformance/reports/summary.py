@@ -9,7 +9,7 @@ from typing import Any
 
 from conformance.matrix.cells import AXES, axis_value
 from conformance.reports import coverage_map, simulated, time_share
-from conformance.reports.outcomes import MARKS
+from conformance.reports.outcomes import MARKS, triage_line
 
 
 def summary(
@@ -28,7 +28,10 @@ def summary(
     varying = [a for a in AXES if len({str(axis_value(r["axes"], a)) for r in by_cell.values()}) > 1]
     first = next(iter(by_cell.values()))["axes"] if by_cell else {}
     fixed = {a: axis_value(first, a) for a in AXES if a not in varying} if by_cell else {}
-    counts = ", ".join(f"{n} {k}" for k, n in sorted(report["counts"].items()))
+    counts = ", ".join(
+        f"{n} {k}" + (triage_line(report.get("failures")) if k == "failed" else "")
+        for k, n in sorted(report["counts"].items())
+    )
     src = env["thunder_source"]
     lines = [
         "# Thunder distributed conformance",

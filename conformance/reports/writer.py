@@ -29,7 +29,7 @@ from conformance.reports.comparison import VANISHED, Comparison, ItemChange, com
 from conformance.reports.comparison_markdown import markdown
 from conformance.reports.figures import memory_figure
 from conformance.reports.html import page
-from conformance.reports.outcomes import cell_of, outcome, plain_nodeid
+from conformance.reports.outcomes import cell_of, outcome, plain_nodeid, triage
 from conformance.reports.scale import scale_figure
 from conformance.reports.session import SessionInfo
 from conformance.reports.summary import summary
@@ -141,6 +141,8 @@ class Reporter:
             # per template staleness (frontend/ledger.py): whether it was judged, and the stale ones
             "xfail_templates": self.ledger.to_json() if self.ledger is not None else None,
             "counts": counts,
+            # which failures are new, which an entry for other Thunder versions explains
+            "failures": triage(records),
             "cells": records,
         }
         if self.affected_by is not None:

@@ -89,8 +89,8 @@ def test_a_fork_version_fails_naming_the_entry_for_other_versions() -> None:
     lines = message.splitlines()
     assert lines[-2:] == [NOTE, REPRO]  # after the findings, before the repro
     assert "[expected: xfails]" not in message
-    [(key, value)] = props
-    assert key == "known_elsewhere"
+    [(key, value), (only, every)] = props
+    assert key == "known_elsewhere" and (only, json.loads(every)) == ("known_elsewhere_only", True)
     assert json.loads(value) == [
         {"entry": "xfails.toml:12", "thunder": ["==0.2.6", "==0.2.7.dev20260201"], "explains": [FAILURE], "note": NOTE}
     ]
@@ -115,6 +115,7 @@ def test_a_partial_explanation_names_the_failures_it_explains() -> None:
         f'for 1 of the 2 unexpected failures ("{FAILURE}"): bucketing_strategy is stored but not applied.'
     )
     assert json.loads(props[0][1])[0]["explains"] == [FAILURE]
+    assert props[1] == ("known_elsewhere_only", "false")  # the other failure is new on any version
 
 
 def test_an_item_failing_on_the_declared_version_names_no_entry_it_already_holds() -> None:
@@ -186,7 +187,11 @@ def test_the_record_summary_and_comparison_show_it(tmp_path: Path) -> None:
     [known] = record["known_elsewhere"]
     assert known["entry"] == "xfails.toml:12" and known["explains"] == findings
     assert NOTE.split(":", 1)[0] in record["message"]
-    assert known["note"] in (tmp_path / "report" / "summary.md").read_text()  # the 15th line of the message
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert known["note"] in summary  # the 15th line of the message
+    # the headline tells a fork's new failures from upstream's known ones
+    assert report["failures"] == {"new": 0, "known_elsewhere": 1}
+    assert "1 failed (0 new, 1 known on other Thunder versions)" in summary.split("\n\n")[1]
 
     old = json.loads(json.dumps(report))
     old["cells"][0] = {**record, "outcome": "passed"}

@@ -63,6 +63,8 @@ def test_the_grid_lists_every_item_with_its_outcome(browser: Browser, report_pag
     visit = browser.visit(path.as_uri(), shot(tmp_path, "grid"))
     only_the_page(visit, path)
     assert grid(visit) == {i["id"]: i["outcome"] for i in report["cells"]}
+    # the header tells a fork's new failures from those known on other Thunder versions
+    assert "2 failed (1 new, 1 known on other Thunder versions)" in "\n".join(Elements(visit.dom).text)
     assert visit.screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
