@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,23 @@ def xdist_place(config: pytest.Config) -> XdistPlace:
     if getattr(config.option, "dist", "no") == "no":
         return XdistPlace()
     return XdistPlace(0, sum(_tx_workers(spec) for spec in getattr(config.option, "tx", None) or []) or 1)
+
+
+def auto_workers(nproc: str, backend: str, cores: int | None, gpus: int) -> int:
+    """``-n auto``: as many xdist workers (each its own world) as worlds of ``--nproc`` ranks fit
+    at once: one per ``nproc`` usable GPUs where the ranks take GPUs (``gpus``: one world over
+    all of them), else one per ``nproc`` cores, as a rank keeps a core busy on the CPU."""
+    on_gpus = backend == "nccl" or (backend == "auto" and gpus > 0)
+    if nproc == "gpus":
+        return 1
+    per_world = max(int(nproc), 1) if nproc.isdigit() else 1
+    room = gpus if on_gpus else (cores or 1)
+    return max(room // per_world, 1)
+
+
+def explicit_dist(args: Sequence[str]) -> bool:
+    """Whether the command line chose xdist's distribution mode itself."""
+    return any(a in ("-d", "--dist") or a.startswith("--dist=") for a in args)
 
 
 def _tx_workers(spec: str) -> int:

@@ -26,7 +26,7 @@ from conformance.frontend.xfails import KnownNonConformance
 from conformance.matrix.order import ORDERS
 from conformance.matrix.profiles import PROFILES
 from conformance.reports.outcomes import cell_of, is_unsupported
-from conformance.world import seal
+from conformance.world import launch, seal
 from conformance.world.nodes import join_command
 
 # Hypothesis profiles for generated cells; hypothesis's own --hypothesis-profile picks one.
@@ -166,8 +166,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return options.auto_workers(
+        str(config.getoption("nproc")), config.getoption("backend"), os.cpu_count(), launch.visible_cuda_devices()
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cell(id): a conformance cell, run on a torchrun world")
+    # -n alone keeps every area of a cell on one worker (the cell runs once): xdist's
+    # loadgroup, unless the command line chose a mode itself
+    if getattr(config.option, "dist", "no") == "load" and not options.explicit_dist(config.invocation_params.args):
+        config.option.dist = "loadgroup"
     options.check(config)  # a bad option ends the run here, in one line, before any world starts
     config.stash[RUNNER] = Runner(config)
     if (nodes := config.stash[RUNNER].nodes) is not None:  # said before collection, which waits for them

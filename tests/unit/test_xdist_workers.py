@@ -1,0 +1,51 @@
+"""``-n auto`` and ``-n N`` alone: as many xdist workers as worlds fit at once (one per
+``--nproc`` GPUs or cores), every area of a cell on one worker (loadgroup) unless the command
+line picks xdist's mode itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conformance.frontend.options import auto_workers, explicit_dist
+from conformance.world.launch import visible_cuda_devices
+from tests.support.suite_runs import ROOT
+
+
+@pytest.mark.parametrize(
+    ("nproc", "backend", "cores", "gpus", "workers"),
+    [
+        ("2", "gloo", 2, 0, 1),  # this machine: one world of two ranks fills it
+        ("1", "gloo", 2, 0, 2),
+        ("2", "auto", 16, 0, 8),  # a 16-core CPU machine
+        ("4", "gloo", 3, 0, 1),  # fewer cores than one world: still one worker
+        ("2", "auto", 16, 8, 4),  # eight GPUs: four worlds of two
+        ("2", "nccl", 16, 8, 4),
+        ("gpus", "auto", 16, 8, 1),  # one world over every GPU
+        ("3", "nccl", 16, 8, 2),  # the two left over stay idle rather than share
+        ("2", "gloo", 16, 8, 8),  # gloo on a GPU machine: the cores count
+        ("2", "auto", None, 0, 1),  # os.cpu_count() unknown
+    ],
+)
+def test_auto_fits_as_many_worlds_as_the_machine_holds(nproc, backend, cores, gpus, workers) -> None:
+    assert auto_workers(nproc, backend, cores, gpus) == workers
+
+
+def test_an_explicit_mode_is_the_users() -> None:
+    assert explicit_dist(["-n", "2", "--dist", "load"]) and explicit_dist(["--dist=each"]) and explicit_dist(["-d"])
+    assert not explicit_dist(["-n", "2", "-k", "dist"])
+
+
+@pytest.mark.slow
+def test_n_alone_schedules_by_cell_and_auto_asks_the_kit() -> None:
+    def header(*args: str) -> str:
+        command = [sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", "-v", "-k", "no_such_cell"]
+        return subprocess.run([*command, *args], cwd=ROOT, capture_output=True, text=True, timeout=300).stdout
+
+    auto = header("-n", "auto", "--nproc", "1")
+    expected = auto_workers("1", "auto", os.cpu_count(), visible_cuda_devices())
+    assert f"created: {expected}/{expected} worker" in auto and "LoadGroupScheduling" in auto
+    assert "via LoadScheduling" in header("-n", "2", "--dist", "load", "--nproc", "1")
