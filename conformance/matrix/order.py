@@ -48,8 +48,10 @@ Seconds = Callable[[Cell], float]
 class Order:
     cells: tuple[Cell, ...]
     history: int  # how many of the first cells an earlier report saw fail
-    prefix: int  # how many after them meet every axis value and contract feature
-    contract: int  # how many after those meet the rest of ci's contract items
+    # how many after them meet every axis value and contract feature (a world's block pulled
+    # forward among them included), and how many after those meet the rest of the contract
+    prefix: int
+    contract: int
 
 
 def values_of(cell: Cell) -> frozenset[Hashable]:
@@ -131,15 +133,42 @@ def early_verdict(cells: Sequence[Cell], seconds: Seconds, failed_before: Collec
     taken = [*history, *prefix]
     contract = _greedy(_left(rest, taken), contract_of, seconds, taken[-1] if taken else None)
     taken += contract
-    if len(rest) <= GREEDY_LIMIT:
-        taken += _greedy(_left(rest, taken), combinations_of, seconds, taken[-1] if taken else None)
-    taken += _left(rest, taken)  # nothing new to meet: the profile's order
-    return Order(tuple(taken), len(history), len(prefix), len(contract))
+    after = taken[-1] if taken else None
+    tail = _greedy(_left(rest, taken), combinations_of, seconds, after) if len(rest) <= GREEDY_LIMIT else []
+    tail += _left(rest, [*taken, *tail])  # nothing new to meet: the profile's order
+    main = _main_world(cells)
+    stages = [_in_blocks(stage, main) for stage in (history, prefix, contract, tail)]
+    return Order(tuple(c for stage in stages for c in stage), len(history), len(prefix), len(contract))
 
 
 def _left(cells: Sequence[Cell], taken: Sequence[Cell]) -> list[Cell]:
     chosen = {c.id for c in taken}
     return [c for c in cells if c.id not in chosen]
+
+
+def _main_world(cells: Sequence[Cell]) -> tuple[int, bool] | None:
+    """The world most cells need (the session's); ties: the first cell's."""
+    counts: dict[tuple[int, bool], int] = {}
+    for c in cells:
+        counts[_world(c)] = counts.get(_world(c), 0) + 1
+    return max(counts, key=lambda w: (counts[w], w == _world(cells[0]))) if counts else None
+
+
+def _in_blocks(stage: Sequence[Cell], main: tuple[int, bool] | None) -> list[Cell]:
+    """One stage with the cells of every world but the main one as one block where the first
+    of them falls: such a world then starts at most once a stage and is done (a run keeps one
+    idle world, ``--max-idle-worlds 1``: the main one waits meanwhile), instead of starting
+    again each time the order comes back to it."""
+    out: list[Cell] = []
+    placed: set[tuple[int, bool]] = set()
+    for c in stage:
+        world = _world(c)
+        if world == main:
+            out.append(c)
+        elif world not in placed:
+            placed.add(world)
+            out += [d for d in stage if _world(d) == world]
+    return out
 
 
 def met_by(cells: Iterable[Cell]) -> frozenset[Hashable]:

@@ -97,7 +97,12 @@ def no_sync_never_ends() -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(thunder.distributed, "reset_skip_data_parallel_grad_sync", lambda token: None)
-        yield
+        try:
+            yield
+        finally:
+            # the flag it left set goes with the patch: the next cell of the same world (the
+            # early-verdict order may put any after it) runs on an unbroken Thunder
+            thunder.distributed._skip_data_parallel_grad_sync.set(False)
 
 
 # running statistics never updated: only a model whose forward updates a buffer shows it
