@@ -16,6 +16,18 @@ from conformance.frontend.xfails import Expectation
 from conformance.matrix.cells import Cell
 
 
+def head(failure: str) -> str:
+    """A failure's first line: what ``KnownElsewhere.explains`` lists."""
+    return failure.split("\n", 1)[0]
+
+
+def explains_all(found: list[KnownElsewhere], unexpected: list[str]) -> bool:
+    """Whether the entries ``found`` explain every one of the ``unexpected`` failures between
+    them: the item's failure is then upstream's, none of it new."""
+    heads = {h for k in found for h in k.explains}
+    return all(head(failure) in heads for failure in unexpected)
+
+
 def first_sentence(text: str) -> str:
     """Up to the first full stop followed by a capital letter (as findings.md shows reasons)."""
     return re.split(r"(?<=[.!?])\s+(?=[A-Z])", text.strip(), maxsplit=1)[0]
@@ -61,7 +73,7 @@ def known_elsewhere(
         if entry.holds_for(thunder_version) or not entry.names(cell, area, backend):
             continue
         explained = [
-            failure.split("\n", 1)[0]
+            head(failure)
             for failure in unexpected
             if entry.explains(failure, (derived or {}).get(failure), cell, backend)
         ]

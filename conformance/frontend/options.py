@@ -72,7 +72,11 @@ def _tx_workers(spec: str) -> int:
 def check(config: pytest.Config) -> None:
     """Raise ``pytest.UsageError`` (one line) for the first bad option; settle ``--nproc``
     (``gpus`` included), ``--cell-timeout`` and ``--min-gpus`` into numbers for everything
-    that reads them."""
+    that reads them, and xdist's mode."""
+    # -n alone keeps every area of a cell on one worker (the cell runs once): xdist's
+    # loadgroup, unless the command line chose a mode itself
+    if getattr(config.option, "dist", "no") == "load" and not explicit_dist(config.invocation_params.args):
+        config.option.dist = "loadgroup"
     workers = xdist_place(config).workers
     config.option.nproc = _nproc(config.option.nproc, workers)
     config.option.cell_timeout = _cell_timeout(config.option.cell_timeout)

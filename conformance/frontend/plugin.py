@@ -14,10 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 
 from conformance.checks.registry import applies
-from conformance.frontend import baseline, options
+from conformance.frontend import baseline, hypothesis_profiles, options
 from conformance.frontend.blame import KitError
 from conformance.frontend.ledger import Ledger
 from conformance.frontend.runner import DEFAULT_XFAILS, RUNNER, Runner
@@ -26,21 +25,11 @@ from conformance.frontend.xfails import KnownNonConformance
 from conformance.matrix.order import ORDERS
 from conformance.matrix.profiles import PROFILES
 from conformance.reports.outcomes import cell_of, is_unsupported
-from conformance.world import launch, seal
+from conformance.world import seal
+from conformance.world.launch import visible_cuda_devices
 from conformance.world.nodes import join_command
 
-# Hypothesis profiles for generated cells; hypothesis's own --hypothesis-profile picks one.
-_QUIET = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
-settings.register_profile("dev", max_examples=10, deadline=None, suppress_health_check=_QUIET)
-# ci never shrinks: under a bug that fails every cell, shrinking reruns a failing generated
-# model cell by cell, which costs more than the clean run; the failing example prints its
-# one-line replay instead. dev and nightly shrink, bounded by hypothesis (5 minutes a test).
-_NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
-settings.register_profile(
-    "ci", max_examples=6, derandomize=True, deadline=None, suppress_health_check=_QUIET, phases=_NO_SHRINK
-)
-settings.register_profile("nightly", max_examples=200, deadline=None, suppress_health_check=_QUIET)
-settings.load_profile("ci")
+hypothesis_profiles.register()  # before hypothesis's plugin reads --hypothesis-profile
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -103,9 +92,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--order",
         choices=ORDERS,
         default=ORDERS[0],
-        help="the order cells run in: early-verdict (default: cells that failed in --baseline, then a short "
-        "prefix meeting every axis value and contract feature cheapest first, then the most new combinations "
-        "per expected second) or generation (the covering array's own, each world's cells in one block)",
+        help="early-verdict (default): --baseline's failed cells, a prefix meeting every axis value cheapest "
+        "first, then the most new combinations per second; generation: the covering array's, worlds in blocks",
     )
     group.addoption(
         "--baseline",
@@ -168,17 +156,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    return options.auto_workers(
-        str(config.getoption("nproc")), config.getoption("backend"), os.cpu_count(), launch.visible_cuda_devices()
-    )
+    return options.auto_workers(str(config.option.nproc), config.option.backend, os.cpu_count(), visible_cuda_devices())
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cell(id): a conformance cell, run on a torchrun world")
-    # -n alone keeps every area of a cell on one worker (the cell runs once): xdist's
-    # loadgroup, unless the command line chose a mode itself
-    if getattr(config.option, "dist", "no") == "load" and not options.explicit_dist(config.invocation_params.args):
-        config.option.dist = "loadgroup"
     options.check(config)  # a bad option ends the run here, in one line, before any world starts
     config.stash[RUNNER] = Runner(config)
     if (nodes := config.stash[RUNNER].nodes) is not None:  # said before collection, which waits for them
@@ -254,12 +236,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if terminal is not None:
             kept, out = note["cells_kept"], note["cells_left_out"]
             terminal.write_line(f"--affected-by: {kept} cells run, {out} {note['why']}")
-    if runner.order is not None:  # --cells: those cells only, in the file's order
-        order = runner.order
-        _deselect(config, items, lambda i: (c := cell_of(i)) is None or c.id not in order)
+    if runner.asked_order is not None:  # --cells: those cells only, in the file's order
+        asked = runner.asked_order
+        _deselect(config, items, lambda i: (c := cell_of(i)) is None or c.id not in asked)
     # Verdict first: every area of a cell in a row, so that -x stops right after the first
-    # cell with a failing area, and each world's cells in one block, so that a world is
-    # closed as soon as no later item needs it (see pytest_runtest_logfinish).
+    # cell with a failing area, in the run's order (conformance/matrix/order.py, which keeps
+    # the cells of another world together so that a world is closed once no later item needs it).
     items.sort(key=lambda item: runner.position(cell_of(item)))
     runner.lifetimes.plan((item.nodeid, runner.world_key(cell_of(item))) for item in items)
 

@@ -13,10 +13,10 @@ import pytest
 from conformance.checks.findings import CellResult
 from conformance.frontend import baseline, options, xfails
 from conformance.frontend.lifetimes import Lifetimes, WorldKey
-from conformance.matrix import cost, order
+from conformance.matrix import order
 from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import cells
-from conformance.matrix.simulated import SAMPLED
+from conformance.matrix.simulated import world_of
 from conformance.reports import coverage_map, environment
 from conformance.reports.session import SessionInfo
 from conformance.world import launch, protocol, seal
@@ -119,9 +119,8 @@ class Runner:
         )
         self._index: dict[str, int] | None = None  # cell id -> its place in the run
         self.order_mode: str = config.getoption("order")
-        self._order: order.Order | None = None
         self.affected = config.getoption("affected_by")  # --affected-by, loaded by options.check
-        self.order: dict[str, int] | None = None if asked is None else {c: i for i, c in enumerate(asked)}
+        self.asked_order: dict[str, int] | None = None if asked is None else {c: i for i, c in enumerate(asked)}
         self._retired: list[World] = []  # told to stop, reaped at the end
         self._pooled = False  # the worlds belong to a pool that outlives this session
         self.outcomes: dict[str, Outcome] = {}
@@ -209,7 +208,7 @@ class Runner:
                 results = [protocol.RankResult(r, protocol.PASSED, answer) for r in range(cell.world_size)]
                 self.outcomes[cell.id] = Outcome(results, duration=0.0, startup=0.0)
                 return self.outcomes[cell.id]
-            world = self.world(SAMPLED, simulated=True) if cell.simulated else self.world(cell.world_size)
+            world = self.world(*world_of(cell))
             outcome = world.run(self.traced(self.cell_task(cell), cell.id), self.cell_timeout)
             # the probe's world start is charged to the first cell the world serves
             if not cell.simulated:
@@ -244,35 +243,23 @@ class Runner:
         """The world an item runs on; ``None``: a generated model, at the session's size."""
         if cell is None:
             return (self.session.nproc, False)
-        return (SAMPLED, True) if cell.simulated else (cell.world_size, False)
+        return world_of(cell)
 
     def position(self, cell: Cell | None) -> tuple[bool, int, int]:
-        """Where an item goes in the run, each cell's areas together: under --cells, the file's
-        order; under --order generation, real worlds by size, then simulated ones, each world's
-        cells in the profile's order; else the early-verdict order (conformance/matrix/order.py).
-        Generated models after the cells of the session's size (generation) or all (early)."""
-        if self.order is not None:
-            return (False, 0, self.order.get(cell.id, len(self.order)) if cell is not None else len(self.order))
+        """Where an item goes, each cell's areas together: under --cells the file's order; under
+        --order generation worlds by size, simulated last; else the early-verdict order.
+        Generated models after the session's size's cells (generation) or all (early)."""
+        if self.asked_order is not None:
+            asked = self.asked_order
+            return (False, 0, asked.get(cell.id, len(asked)) if cell is not None else len(asked))
         if self._index is None:
-            self._index = {c.id: i for i, c in enumerate(self.run_order.cells)}
+            run = order.arranged(self.cells, self.order_mode, self.baseline.seconds, self.baseline.first)
+            self._index = {c.id: i for i, c in enumerate(run.cells)}
         if self.order_mode == "generation":
             if cell is None:
                 return (False, self.session.nproc, len(self._index))
             return (cell.simulated, cell.world_size, self._index.get(cell.id, -1))
         return (False, 0, len(self._index) if cell is None else self._index.get(cell.id, -1))
-
-    @property
-    def run_order(self) -> order.Order:
-        """The profile's cells in the order the run takes (the profile's own under generation)."""
-        if self._order is None:
-            if self.order_mode == "generation":
-                self._order = order.Order(tuple(self.cells), 0, 0, 0)
-            else:
-                known = self.baseline.seconds
-                self._order = order.early_verdict(
-                    self.cells, lambda c: known.get(c.id, cost.expected_seconds(c)), self.baseline.first
-                )
-        return self._order
 
     def finished(self, nodeid: str) -> None:
         """After an item: retire the worlds ``Lifetimes`` says are no longer worth keeping."""

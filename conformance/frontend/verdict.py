@@ -16,7 +16,7 @@ from conformance.checks.findings import CellResult, returned_wrong
 from conformance.checks.registry import AREAS, applies
 from conformance.frontend import baseline, ledger
 from conformance.frontend.blame import KIT, THUNDER, Blame, KitError, blame
-from conformance.frontend.known_elsewhere import known_elsewhere
+from conformance.frontend.known_elsewhere import explains_all, known_elsewhere
 from conformance.frontend.runner import Runner
 from conformance.frontend.xfails import Expectation, KnownNonConformance
 from conformance.matrix import simulated
@@ -149,9 +149,7 @@ class Conformance:
         )
         if record and elsewhere:
             self.node.user_properties.append(("known_elsewhere", json.dumps([k.to_json() for k in elsewhere])))
-            # a failure is new unless every one of its unexplained findings is known elsewhere
-            heads = {head for k in elsewhere for head in k.explains}
-            only = all(msg.split("\n", 1)[0] in heads for msg in unexplained)
+            only = explains_all(elsewhere, unexplained)  # else the failure is new, in part
             self.node.user_properties.append(("known_elsewhere_only", json.dumps(only)))
         pytest.fail("\n".join([*lines, *(k.note for k in elsewhere), repro]), pytrace=False)
 

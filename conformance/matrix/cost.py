@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from conformance.matrix.cells import DEFAULT_SCENARIO, Cell
-from conformance.matrix.simulated import SAMPLED
+from conformance.matrix.simulated import world_of
 from fixtures.compositions import COMPOSITIONS
 from fixtures.models import fixture_for
 
@@ -33,20 +33,19 @@ def scenario_seconds(row: Mapping[str, Any], scenario: str) -> float:
 def expected_seconds(cell: Cell) -> float:
     """The model's tracing and its scenario's compilations; a world of more processes than a
     pair shares the machine's cores between them (a simulated world runs ``SAMPLED``)."""
-    row = cell.__dict__
-    processes = SAMPLED if cell.simulated else cell.world_size
-    own = fixture_for(cell.model, cell.spec).trace_s + scenario_seconds(row, cell.scenario)
+    processes, _ = world_of(cell)
+    own = fixture_for(cell.model, cell.spec).trace_s + scenario_seconds(cell.__dict__, cell.scenario)
     return own * max(1.0, processes / 2)
 
 
 def measured_seconds(report_cells: list[dict[str, Any]]) -> dict[str, float]:
     """cell id -> seconds its items took in a report (its ``cells`` list), the world's start
-    left out (the order charges a world's start where it changes worlds)."""
-    out: dict[str, float] = {}
+    left out once (every item of the cell names it; the order charges a world's start where
+    it changes worlds)."""
+    took: dict[str, float] = {}
+    start: dict[str, float] = {}
     for item in report_cells:
-        cell = item.get("cell")
-        if cell is None:
-            continue
-        start = (item.get("metrics") or {}).get("world_start_s") or 0.0
-        out[cell] = out.get(cell, 0.0) + max(float(item.get("duration") or 0.0) - float(start), 0.0)
-    return out
+        if (cell := item.get("cell")) is not None:
+            took[cell] = took.get(cell, 0.0) + float(item.get("duration") or 0.0)
+            start[cell] = max(start.get(cell, 0.0), float((item.get("metrics") or {}).get("world_start_s") or 0.0))
+    return {cell: max(seconds - start[cell], 0.0) for cell, seconds in took.items()}

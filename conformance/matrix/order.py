@@ -29,12 +29,13 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 
 from conformance.matrix.cells import AXES, Cell
 from conformance.matrix.contract import items_of
-from conformance.matrix.cost import WORLD_START_S
+from conformance.matrix.cost import WORLD_START_S, expected_seconds
 from conformance.matrix.features import features
+from conformance.matrix.simulated import world_of
 
 ORDERS = ("early-verdict", "generation")
 # a profile of more cells (full's 158,342) takes the combinations' stage in its own order:
@@ -66,8 +67,7 @@ def values_of(cell: Cell) -> frozenset[Hashable]:
 
 
 def combinations_of(cell: Cell) -> frozenset[Hashable]:
-    """The pairs and triples of axis values ``cell`` meets, and for a real cell the items of
-    ci's coverage contract (a feature with a transform family and a scenario, or with an init)."""
+    """The pairs and triples of axis values ``cell`` meets (a simulated world a value of its own)."""
     values = [(axis, getattr(cell, axis)) for axis in AXES] + [("simulated", cell.simulated)]
     return frozenset(itertools.chain(itertools.combinations(values, 2), itertools.combinations(values, 3)))
 
@@ -76,10 +76,6 @@ def contract_of(cell: Cell) -> frozenset[Hashable]:
     """The items of ci's coverage contract ``cell`` meets (none for a simulated one, which
     checks no numerics and no state dict: the contract counts real cells only)."""
     return frozenset() if cell.simulated else items_of(cell.__dict__)
-
-
-def _world(cell: Cell) -> tuple[int, bool]:
-    return (cell.world_size, cell.simulated)
 
 
 def _greedy(
@@ -109,7 +105,7 @@ def _greedy(
             _, i = heapq.heappop(heap)
             own = meets(cells[i])
             gain = len(own - met)
-            start = WORLD_START_S if last is not None and _world(cells[i]) != _world(last) else 0.0
+            start = WORLD_START_S if last is not None and world_of(cells[i]) != world_of(last) else 0.0
             popped.append((-gain / cost[i], i))
             if gain / (cost[i] + start) > best:
                 best, best_i, best_own = gain / (cost[i] + start), i, own
@@ -136,9 +132,19 @@ def early_verdict(cells: Sequence[Cell], seconds: Seconds, failed_before: Collec
     after = taken[-1] if taken else None
     tail = _greedy(_left(rest, taken), combinations_of, seconds, after) if len(rest) <= GREEDY_LIMIT else []
     tail += _left(rest, [*taken, *tail])  # nothing new to meet: the profile's order
-    main = _main_world(cells)
+    main = _mainworld_of(cells)
     stages = [_in_blocks(stage, main) for stage in (history, prefix, contract, tail)]
     return Order(tuple(c for stage in stages for c in stage), len(history), len(prefix), len(contract))
+
+
+def arranged(
+    cells: Sequence[Cell], mode: str, measured: Mapping[str, float], failed_before: Collection[str]
+) -> Order:
+    """``cells`` in the order ``mode`` names (``ORDERS``): generation keeps theirs; the early
+    verdict costs each cell what ``measured`` (a baseline's times) says, else what it expects."""
+    if mode == "generation":
+        return Order(tuple(cells), 0, 0, 0)
+    return early_verdict(cells, lambda c: measured.get(c.id, expected_seconds(c)), failed_before)
 
 
 def _left(cells: Sequence[Cell], taken: Sequence[Cell]) -> list[Cell]:
@@ -146,12 +152,12 @@ def _left(cells: Sequence[Cell], taken: Sequence[Cell]) -> list[Cell]:
     return [c for c in cells if c.id not in chosen]
 
 
-def _main_world(cells: Sequence[Cell]) -> tuple[int, bool] | None:
+def _mainworld_of(cells: Sequence[Cell]) -> tuple[int, bool] | None:
     """The world most cells need (the session's); ties: the first cell's."""
     counts: dict[tuple[int, bool], int] = {}
     for c in cells:
-        counts[_world(c)] = counts.get(_world(c), 0) + 1
-    return max(counts, key=lambda w: (counts[w], w == _world(cells[0]))) if counts else None
+        counts[world_of(c)] = counts.get(world_of(c), 0) + 1
+    return max(counts, key=lambda w: (counts[w], w == world_of(cells[0]))) if counts else None
 
 
 def _in_blocks(stage: Sequence[Cell], main: tuple[int, bool] | None) -> list[Cell]:
@@ -162,12 +168,12 @@ def _in_blocks(stage: Sequence[Cell], main: tuple[int, bool] | None) -> list[Cel
     out: list[Cell] = []
     placed: set[tuple[int, bool]] = set()
     for c in stage:
-        world = _world(c)
+        world = world_of(c)
         if world == main:
             out.append(c)
         elif world not in placed:
             placed.add(world)
-            out += [d for d in stage if _world(d) == world]
+            out += [d for d in stage if world_of(d) == world]
     return out
 
 

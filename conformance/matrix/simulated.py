@@ -23,6 +23,12 @@ WORLD_SIZES = (7, 8, 64, 1000, 1024)
 INITS = ("meta_module_init", "meta_transformed_sd")
 
 
+def world_of(cell: Cell) -> tuple[int, bool]:
+    """The world that serves ``cell``, as (processes, simulated): a real world of its size,
+    or the one world of ``SAMPLED`` processes that every simulated cell shares."""
+    return (SAMPLED, True) if cell.simulated else (cell.world_size, False)
+
+
 def sampled_ranks(world_size: int) -> tuple[int, ...]:
     """The ranks that stand for a world of ``world_size``: the first two, a middle one, the
     last (distinct from ``SAMPLED`` = 4 ranks on)."""

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from conformance.matrix.cells import AXES, axis_value
-from conformance.reports.outcomes import MARKS, excuse
+from conformance.reports.outcomes import MARKS, excuse, triage_line
 from conformance.reports.page_assets import REPORT_SCRIPT, STYLE
 
 # nothing but the page itself: no fetch, no frame, no font, no form target, no <base>
@@ -66,7 +66,7 @@ def page_data(report: dict[str, Any], repro: Callable[[str], str] | None = None)
         "started": report.get("started"),
         "exit_status": report.get("exit_status"),
         "counts": report.get("counts") or {},
-        "failures": report.get("failures") or {},
+        "failures_note": triage_line(report.get("failures")),  # summary.md's words beside the count
         "warnings": report.get("warnings") or [],
         "axes": list(AXES),
         "areas": areas,

@@ -75,9 +75,8 @@ function header() {
   document.getElementById("title").textContent =
     "Thunder " + (D.thunder || "?") + " conformance (" + (D.profile || "?") + " profile)";
   // which failures are new and which an entry for other Thunder versions explains (a fork's triage)
-  const known = (D.failures || {}).known_elsewhere || 0;
-  const triage = known ? " (" + D.failures.new + " new, " + known + " known on other Thunder versions)" : "";
-  const counts = Object.entries(D.counts).map(([k, n]) => n + " " + k + (k === "failed" ? triage : "")).join(", ");
+  const note = (k) => (k === "failed" ? D.failures_note : "");
+  const counts = Object.entries(D.counts).map(([k, n]) => n + " " + k + note(k)).join(", ");
   document.getElementById("run").textContent = "torch " + (D.torch || "?") + ", " + (D.backend || "?") + ", " +
     (D.world_size || "?") + " ranks, started " + (D.started || "?") + ": " + counts +
     " (exit status " + D.exit_status + ")";

@@ -19,6 +19,7 @@ from conformance.matrix.cells import Cell
 from conformance.matrix.cost import expected_seconds, measured_seconds
 from conformance.matrix.order import contract_of, early_verdict, met_by
 from conformance.matrix.profiles import PROFILES, cells
+from conformance.matrix.simulated import world_of
 from tests.planted.registry import RECORDS
 from tests.support.suite_runs import ROOT, probed_on_this_machine
 
@@ -36,13 +37,13 @@ def test_every_profile_keeps_its_cells_and_its_prefix_meets_every_value_and_feat
     assert sorted(c.id for c in run.cells) == sorted(c.id for c in given)
     prefix = run.cells[: run.prefix]
     assert met_by(prefix) == met_by(given)  # every world size, composition, scenario, init, feature...
-    counts = collections.Counter((c.world_size, c.simulated) for c in given)
-    main = max(counts, key=lambda w: (counts[w], w == (given[0].world_size, given[0].simulated)))
-    at_home = [expected_seconds(c) for c in prefix if (c.world_size, c.simulated) == main]
+    counts = collections.Counter(map(world_of, given))
+    main = max(counts, key=lambda w: (counts[w], w == world_of(given[0])))
+    at_home = [expected_seconds(c) for c in prefix if world_of(c) == main]
     assert at_home == sorted(at_home)  # cheapest first (another world's cells come as a block)
     ends = [run.history, run.history + run.prefix, run.history + run.prefix + run.contract, len(given)]
     for start, end in zip([0, *ends[:-1]], ends, strict=True):  # another world's cells: one block a stage
-        worlds = [(c.world_size, c.simulated) for c in run.cells[start:end]]
+        worlds = [world_of(c) for c in run.cells[start:end]]
         for world in set(worlds) - {main}:
             at = [i for i, w in enumerate(worlds) if w == world]
             assert at == list(range(at[0], at[0] + len(at))), (world, start)

@@ -12,10 +12,10 @@ import pytest
 from conformance.checks.registry import AREAS, applies
 from conformance.frontend.lifetimes import Lifetimes
 from conformance.matrix.axes import axis_values
-from conformance.matrix.cells import AXES, QUIET_DEFAULTS
+from conformance.matrix.cells import AXES, QUIET_DEFAULTS, Cell
 from conformance.matrix.coverage import unmet_pairs
 from conformance.matrix.profiles import BOUNDARY_WORLD_SIZES, cells
-from conformance.matrix.simulated import SAMPLED, sampled_ranks
+from conformance.matrix.simulated import sampled_ranks, world_of
 from fixtures.compositions import COMPOSITIONS
 from fixtures.offloads import POLICIES
 from tests.support.suite_runs import ROOT, SuiteRun, reused_ci_run, run_suite, unsupported_values
@@ -113,11 +113,7 @@ def planned_starts(items: list[dict]) -> int:
     """The worlds a run of ``items`` (in the order they ran) starts when no cell breaks one:
     the probe's world, then each world an item needs that the kit's own lifetimes' rules
     (conformance/frontend/lifetimes.py, one idle world, a tox run's foresight) had closed."""
-    keys = [
-        ((SAMPLED, True) if i["axes"].get("simulated") else (i["axes"]["world_size"], False), i["id"])
-        for i in items
-        if "axes" in i and i["outcome"] != "unsupported"
-    ]
+    keys = [(world_of(Cell(**i["axes"])), i["id"]) for i in items if "axes" in i and i["outcome"] != "unsupported"]
     lifetimes = Lifetimes(max_idle=1, foresight=True)
     lifetimes.plan((item, key) for key, item in keys)
     open_worlds, started = {(2, False)}, 1  # the composition probe's
