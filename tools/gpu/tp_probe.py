@@ -11,17 +11,15 @@ Exit status 1 when any composition disagrees with eager or raises."""
 from __future__ import annotations
 
 import copy
-import os
 import sys
 import traceback
 
+import thunder
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
-
-import thunder
 from thunder.distributed import column_parallel, row_parallel
+from torch import nn
 
 
 class Model(nn.Module):
