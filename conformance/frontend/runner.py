@@ -56,7 +56,8 @@ def new_zygote(traced: bool = False) -> Zygote:
         *RANK_IMPORTS,
         *([TRACED.partition(":")[0], "coverage"] if traced else []),
     ]
-    return Zygote(preload, launch.rank_environment(), ROOT)
+    # the zygote serves CPU worlds only (never nccl's): it must not initialize the driver
+    return Zygote(preload, {**launch.rank_environment(), launch.MASK: launch.HIDDEN}, ROOT)
 
 
 class Runner:
@@ -191,7 +192,7 @@ class Runner:
             backend = protocol.NO_GROUP if simulated else self.session.backend
             zygote = self.zygote.path if self.zygote is not None and backend != "nccl" else None
             if simulated:
-                spec = LaunchSpec(nproc=size, backend=backend, zygote=zygote)
+                spec = LaunchSpec(nproc=size, backend=backend, cuda_devices=launch.HIDDEN, zygote=zygote)
             else:
                 per_node = size // (self.nodes.nnodes if self.nodes else 1)
                 devices = launch.device_slice(backend, per_node, self.place.slot, self.place.workers)

@@ -19,6 +19,11 @@ from conformance.world.zygote import ENV_ZYGOTE
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: ranks import the kit from here
 MASK = "CUDA_VISIBLE_DEVICES"
+# The mask of a process that must not touch a GPU: a CPU world's ranks and the zygote that
+# forks them. A process that counted the GPUs (Thunder's import asks torch.cuda.is_available)
+# has initialized the driver, and a child forked from it fails its first CUDA call with
+# "initialization error"; Thunder makes one in every CPU forward (is_cudagraph_capturing).
+HIDDEN = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,10 +108,11 @@ def device_slice(backend: str, nproc: int, slot: int, workers: int = 1) -> str |
     """The CUDA_VISIBLE_DEVICES of a world of ``nproc`` ranks of xdist worker ``slot`` of
     ``workers``, or None: the first ``nproc`` devices of that worker's block.
 
-    NCCL refuses two ranks on one GPU, and concurrent workers must not share one.
+    NCCL refuses two ranks on one GPU, and concurrent workers must not share one. Any other
+    backend's ranks run on the CPU and see no GPU (``HIDDEN``).
     """
     if backend != "nccl":
-        return None
+        return HIDDEN
     per = gpus_per_worker(workers)
     block = visible_device_ids()[slot * per : (slot + 1) * per]
     if nproc > len(block):

@@ -43,6 +43,36 @@ def resolve(fn: str) -> Callable[..., Any]:
     return obj
 
 
+def _warm_cublas(device: Any) -> None:
+    """cuBLAS and cuBLASLt take their workspaces from the caching allocator at a handle's first
+    call and keep them for the process (on an H200: 32 MiB at the first matmul, 1 MiB more at
+    the first linear with a bias, which runs through cuBLASLt), one handle per thread. Left to
+    the first cell, they would be counted as memory that cell's Thunder held, so both kinds of
+    call run here in this thread and in autograd's, which runs every backward."""
+    import torch
+
+    def gemms() -> None:
+        w = torch.ones(16, 16, device=device)
+        b = torch.ones(16, device=device)
+        for dtype in (torch.float32, torch.bfloat16):
+            w_, b_ = w.to(dtype), b.to(dtype)
+            torch.nn.functional.linear(w_ @ w_, w_, b_)
+
+    class InBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            gemms()
+            return grad
+
+    gemms()
+    InBackward.apply(torch.ones(1, device=device, requires_grad=True)).sum().backward()
+    torch.cuda.synchronize(device)
+
+
 def _redirect_output(world_dir: str, rank: int) -> None:
     # One log per rank, so a failure can quote the rank that failed and nothing else.
     log = os.open(os.path.join(world_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -127,6 +157,7 @@ def main() -> int:
         import torch
 
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        _warm_cublas(torch.device("cuda", torch.cuda.current_device()))
     if backend != protocol.NO_GROUP:
         dist.init_process_group(backend)
     hello: dict[str, Any] = {"pid": os.getpid()}

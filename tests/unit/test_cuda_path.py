@@ -73,9 +73,9 @@ def test_only_the_devices_cuda_counts_are_handed_out(gpus) -> None:
     assert launch.visible_device_ids() == ["0", "1", "2"]
 
 
-def test_gloo_worlds_get_no_mask(gpus) -> None:
+def test_cpu_worlds_see_no_gpu(gpus) -> None:
     gpus(4, mask="4,5,6,7")
-    assert launch.device_slice("gloo", 2, slot=1, workers=2) is None
+    assert launch.device_slice("gloo", 2, slot=1, workers=2) == launch.HIDDEN  # a CPU world sees no GPU
 
 
 @pytest.mark.parametrize("visible", range(9))

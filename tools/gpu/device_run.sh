@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU path on a lent one-GPU machine (docs/gpu-runs.md): run from the repository root
-# with the wheels of tools/gpu's README carried in .whl; everything lands under $OUT.
+# The GPU path on a one-GPU machine without network (docs/gpu-runs.md says which wheels go
+# in .whl): run from the repository root; everything lands under $OUT.
 # Each step has its own time limit and the script goes on past a failed step.
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT/r"
@@ -18,7 +18,7 @@ step() { # step NAME SECONDS CMD...: timed, its output in the log, its status on
 python3 -c "import thunder, litgpt, pytest, xdist, hypothesis; print('thunder', thunder.__version__, 'pytest', pytest.__version__)" >>"$OUT/env.txt" 2>&1
 K="python3 -m pytest conformance -p no:cacheprovider ${KIT_ARGS:---backend nccl --nproc 1 --min-gpus 1}"
 step tp_probe 120 torchrun --nproc-per-node 1 tools/gpu/tp_probe.py
-step shared_gpu 45 torchrun --nproc-per-node 2 tools/gpu/nccl_shared_gpu_probe.py
+[ -n "${SKIP_SHARED:-}" ] || step shared_gpu 45 torchrun --nproc-per-node 2 tools/gpu/nccl_shared_gpu_probe.py
 step smoke 150 $K --profile smoke --report-dir "$OUT/r/smoke"
 # planted bugs on the smoke cells, each its own world of one rank on the same GPU, in parallel
 for bug in ${PLANTED:-originals_kept intermediates_not_freed backward_hook_not_called policy_offloads_nothing}; do

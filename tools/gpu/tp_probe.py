@@ -49,7 +49,7 @@ def collectives(trace) -> list[str]:
     while stack:
         b = stack.pop(0)
         name = b.sym.name
-        if any(w in name for w in COLLECTIVE_WORDS):
+        if any(w in name for w in COLLECTIVE_WORDS) and name != "broadcast_in_dim":  # a shape op
             names.append(name)
         stack[:0] = list(b.subsymbols)
     return names
