@@ -90,3 +90,54 @@ def offset_off_past_first_rank() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fsdp_v2, "_shard_tensor", shard)
         yield
+
+
+def _string_order_slot(rank: int, world_size: int) -> int:
+    from tests.support.permutations import decimal_order
+
+    return decimal_order(world_size)[rank]
+
+
+# only simulated worlds past 10 ranks show it, through module init (tests/planted/test_scale.py
+# predicts the ranks); a cell initialized from a transformed state dict holds the kit's shards
+@planted(at_scale=True)
+@contextlib.contextmanager
+def slots_in_string_order() -> Iterator[None]:
+    """Each rank is cut the shard of its number's place in string order ("0" < "1" < "10" <
+    "100" < … < "2"), as when slots come from sorted store keys: the identity up to 10 ranks,
+    a permutation beyond."""
+    import thunder.distributed.transforms.fsdp_v2 as fsdp_v2
+
+    original = fsdp_v2._shard_tensor
+
+    def shard(param: Any, rank: int, world_size: int, *args: Any, **kwargs: Any) -> Any:
+        return original(param, _string_order_slot(rank, world_size), world_size, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fsdp_v2, "_shard_tensor", shard)
+        yield
+
+
+# the same permutation on the state-dict path alone, which module init loads each submodule
+# through (and load_original_state_dict, on no simulated cell): the module's own sharding of
+# its (meta) parameters is right
+@planted(at_scale=True)
+@contextlib.contextmanager
+def state_dict_slots_in_string_order() -> Iterator[None]:
+    """FSDP's transform_state_dict_for_submodule cuts each tensor at the string-order slot of
+    the rank; transform_module cuts at the right one."""
+    import thunder.distributed.transforms.fsdp_v2 as fsdp_v2
+
+    original = fsdp_v2.FSDPTransform.transform_state_dict_for_submodule
+
+    def transform(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rank = self.global_rank
+        self.global_rank = _string_order_slot(rank, self.world_size)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self.global_rank = rank
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fsdp_v2.FSDPTransform, "transform_state_dict_for_submodule", transform)
+        yield

@@ -14,6 +14,7 @@ from conformance.matrix.profiles import cells
 from fixtures.models import fixture_for
 from fixtures.patterns import held_rows
 from tests.planted.registry import RECORDS
+from tests.support.permutations import decimal_order
 from tests.support.plant_plugin import ENV
 from tests.support.suite_runs import run_suite
 
@@ -44,8 +45,22 @@ def _pythia_at(world_size: int) -> Cell:
 # three-row shards on every rank
 CELLS = (_pythia_at(1000), _pythia_at(1024))
 # the cells each bug runs on: both where which one fails is the prediction, else the one at
-# 1000 ranks, whose ranks past 986 hold padding only (each such cell compiles pythia: ~40 s)
-RUNS_ON = {"padding_when_divisible": CELLS}
+# 1000 ranks, whose ranks past 986 hold padding only (each such cell compiles pythia: ~40 s);
+# a slot permutation on ci's own simulated cells, as ci runs them (module init shows it; a
+# transformed state dict's shards are the kit's)
+STRING_ORDER = ("slots_in_string_order", "state_dict_slots_in_string_order")
+RUNS_ON = {"padding_when_divisible": CELLS, **dict.fromkeys(STRING_ORDER, simulated.CI)}
+
+
+def _moved_ranks(cell: Cell) -> set[int]:
+    """The sampled ranks whose rows differ from those of their string-order slot."""
+    n, slot_of = cell.world_size, decimal_order(cell.world_size)
+    shapes = _shapes(cell)
+    return {
+        r
+        for r in simulated.sampled_ranks(n)
+        if any(held_rows(s[0], n, r) != held_rows(s[0], n, slot_of[r]) for s in shapes)
+    }
 
 
 def _failed_ranks(item: dict) -> set[int]:
@@ -57,7 +72,8 @@ def _failed_ranks(item: dict) -> set[int]:
 def test_a_bug_only_scale_shows_fails_where_predicted(bug: str, tmp_path) -> None:
     runs_on = RUNS_ON.get(bug, CELLS[:1])
     selected = " or ".join(c.id for c in runs_on)
-    run = run_suite(tmp_path, "--profile", "scale", "-k", selected, env={ENV: bug}, plant=True)
+    profile = "ci" if runs_on == simulated.CI else "scale"
+    run = run_suite(tmp_path, "--profile", profile, "-k", selected, env={ENV: bug}, plant=True)
     items = {(item["cell"], item["area"]): item for item in run.report["cells"]}
     assert {cell for cell, _ in items} == {c.id for c in runs_on}, run.output
     for cell in runs_on:
@@ -73,6 +89,15 @@ def test_a_bug_only_scale_shows_fails_where_predicted(bug: str, tmp_path) -> Non
                 )
             else:
                 assert set(outcomes.values()) <= known, outcomes
+        elif bug in STRING_ORDER:
+            if cell.init == "meta_module_init":
+                moved = _moved_ranks(cell)
+                assert moved and outcomes["sharding"] == "failed", outcomes
+                assert _failed_ranks(items[cell.id, "sharding"]) == moved
+                assert "expected rows" in items[cell.id, "sharding"]["message"]
+            assert outcomes["collectives"] in known and outcomes["memory"] in known, outcomes
+            if cell.init != "meta_module_init":
+                assert outcomes["sharding"] in known, outcomes
         elif bug == "offset_off_past_first_rank":
             wrong = {r for r in simulated.sampled_ranks(cell.world_size) if r > 0 and _holds_rows(cell, r)}
             assert wrong and outcomes["sharding"] == "failed"

@@ -128,12 +128,13 @@ def test_summary_has_a_row_per_simulated_cell() -> None:
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     assert [row.split(" | ")[0] for row in rows] == [f"| `{SMALL.id}`", f"| `{LARGE.id}`"]  # the real cell is not one
     small, large = rows
-    assert "| 0, 1, 4, 7 | ⚠️ xfail | ✅ | ✅ | 26,405,376 | 27 / 27 | 211,243,008 / 211,243,008 |" in small
+    assert "| 0, 1, 2, 3, 7 | ⚠️ xfail | ✅ | ✅ | 26,405,376 | 27 / 27 | 211,243,008 / 211,243,008 |" in small
     assert "| `cb6724d0db5a08cc` | 26,667,520 / 26,667,520 | 80,002,560 / 106,670,080 |" in small
-    assert "| 0, 1, 500, 999 |" in large
-    assert "| 0: 26,000,000; 1: 26,000,000; 500: 26,000,000; 999: 0 |" in large
+    assert "| 0, 2, 10, 337, 999 |" in large
+    assert "| 0: 26,000,000; 2: 26,000,000; 10: 26,000,000; 337: 26,000,000; 999: 0 |" in large
     assert (
-        "| differs: 0: `cb6724d0db5a08cc`; 1: `cb6724d0db5a08cc`; 500: `cb6724d0db5a08cc`; 999: `0123456789abcdef` |"
+        "| differs: 0: `cb6724d0db5a08cc`; 2: `cb6724d0db5a08cc`; 10: `cb6724d0db5a08cc`; 337: `cb6724d0db5a08cc`; "
+        "999: `0123456789abcdef` |"
         in large
     )
     assert "numerics, state dicts, materialization and offloading are not checked there" in section

@@ -1,4 +1,4 @@
-"""Simulated worlds (conformance/rank/simulate.py): cells of 7 to 1024 ranks acted out by four
+"""Simulated worlds (conformance/rank/simulate.py): cells of 7 to 1024 ranks acted out by five
 sampled ranks under torch's fake process group.
 
 These tests hold the arithmetic, the ids and the profile, without a world;
@@ -20,6 +20,7 @@ from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import cells
 from fixtures import patterns
 from fixtures.patterns import held_rows
+from tests.support import permutations
 
 SIM = Cell("pythia_160m", "meta_module_init", "jit_fsdp", tie="tied", world_size=1024, simulated=True)
 
@@ -33,7 +34,7 @@ def test_a_simulated_cell_says_so_in_its_id_and_replays() -> None:
 @pytest.mark.parametrize(
     "change, words",
     [
-        ({"world_size": 3}, "at least 4 ranks"),
+        ({"world_size": 3}, "at least 5 ranks"),
         ({"model": "mlp"}, "model 'mlp' is not one of"),
         ({"init": "meta_original_sd"}, "init 'meta_original_sd' is not one of"),
         ({"dtype": "bfloat16"}, "dtype 'bfloat16' is not one of"),
@@ -46,10 +47,26 @@ def test_a_cell_that_cannot_be_simulated_is_refused_in_one_line(change: dict, wo
         cell_from_axes({**SIM.axes(), **change})
 
 
-def test_sampled_ranks_are_the_first_two_a_middle_one_and_the_last() -> None:
-    assert simulated.sampled_ranks(1024) == (0, 1, 512, 1023)
-    assert simulated.sampled_ranks(7) == (0, 1, 3, 6)
-    assert all(len(set(simulated.sampled_ranks(n))) == simulated.SAMPLED for n in simulated.WORLD_SIZES)
+def test_sampled_ranks_are_the_ends_2_10_and_a_prime_near_a_third() -> None:
+    assert simulated.sampled_ranks(1000) == (0, 2, 10, 337, 999)
+    assert simulated.sampled_ranks(1024) == (0, 2, 10, 347, 1023)
+    assert simulated.sampled_ranks(7) == (0, 1, 2, 3, 6)  # a small world fills up from 1
+    assert all(len(set(simulated.sampled_ranks(n))) == simulated.SAMPLED for n in range(simulated.SAMPLED, 2049))
+
+
+def test_every_plausible_slot_permutation_moves_a_sampled_rank() -> None:
+    """A rank handed another slot's shard shows only where a sampled rank is moved: every
+    permutation of the family (tests/support/permutations.py) that is not the identity moves
+    one at every size to 256 and around 1000 and 2048 (every size to 2048 was checked once),
+    and two at the simulated sizes from 64 on, so that one moved rank holding only padding
+    cannot hide it. (The earlier sample, 0, 1, N // 2, N - 1, was moved by one rank alone
+    under decimal string order at 1000 and binary at 1024.)"""
+    for n in sorted({*range(simulated.SAMPLED, 257), *simulated.WORLD_SIZES, 997, 999, 1001, 2047, 2048}):
+        ranks = simulated.sampled_ranks(n)
+        for name, slot_of in permutations.family(n):
+            moved = [r for r in ranks if slot_of[r] != r]
+            if slot_of != list(range(n)):
+                assert len(moved) >= (2 if n in simulated.WORLD_SIZES and n >= 64 else 1), (n, name, ranks)
 
 
 @pytest.mark.parametrize(
@@ -78,6 +95,10 @@ def test_the_scale_profile_is_simulated_pairwise_and_ci_holds_a_few() -> None:
     assert {c.world_size for c in scale} == set(simulated.WORLD_SIZES)
     ci = [c for c in cells("ci", 2, {}) if c.simulated]
     assert ci == list(simulated.CI)
+    # both ways a simulated world is initialized: Thunder cutting the shards (module init) and
+    # Thunder loading the kit's; each at a size that leaves its last ranks empty
+    assert {c.init for c in ci} == set(simulated.INITS)
+    assert all(not held_rows(768, c.world_size, c.world_size - 1) for c in ci)
 
 
 class _Holds:
@@ -177,7 +198,16 @@ def test_a_simulated_world_that_breaks_names_the_sampled_rank() -> None:
     from conformance.world import protocol
     from conformance.world.controller import Outcome
 
-    results = [protocol.RankResult(i, protocol.PASSED) for i in range(4)]
-    results[2] = protocol.RankResult(2, protocol.FAILED, error="Traceback: boom")
+    results = [protocol.RankResult(i, protocol.PASSED) for i in range(simulated.SAMPLED)]
+    results[3] = protocol.RankResult(3, protocol.FAILED, error="Traceback: boom")
     told = Outcome(results, duration=1.0, startup=0.0).describe(list(simulated.sampled_ranks(1000)))
-    assert told.startswith("--- rank 500: failed") and "boom" in told
+    assert told.startswith("--- rank 337: failed") and "boom" in told  # process 3 stands for rank 337
+
+
+def test_string_order_slots_are_the_identity_on_every_real_world_of_ci() -> None:
+    """Why the planted string-order records can fail on ci's simulated cells only: ci's real
+    worlds are of at most 4 ranks, and string order moves no rank below 11."""
+    real = {c.world_size for c in cells("ci", 2, {"legacy_jit_fsdp": "probed"}) if not c.simulated}
+    assert max(real) <= 10
+    assert all(permutations.decimal_order(n) == list(range(n)) for n in range(1, 11))
+    assert permutations.decimal_order(11) != list(range(11))
