@@ -16,7 +16,7 @@ from conformance.matrix.cells import DEFAULT_EXECUTORS, DEFAULT_SCENARIO, Cell
 from fixtures.compositions import COMPOSITIONS
 from fixtures.models import WIDE_MODELS
 
-SAMPLED = 4  # processes of a simulated world, one per sampled rank
+SAMPLED = 5  # processes of a simulated world, one per sampled rank
 # odd sizes (7, 1000) leave partial and empty shards on the last ranks of every model here;
 # 1024 is the size of a large job, where 3072 MLP rows make three-row shards
 WORLD_SIZES = (7, 8, 64, 1000, 1024)
@@ -30,9 +30,35 @@ def world_of(cell: Cell) -> tuple[int, bool]:
 
 
 def sampled_ranks(world_size: int) -> tuple[int, ...]:
-    """The ranks that stand for a world of ``world_size``: the first two, a middle one, the
-    last (distinct from ``SAMPLED`` = 4 ranks on)."""
-    return (0, 1, world_size // 2, world_size - 1)
+    """The ``SAMPLED`` ranks that stand for a world of ``world_size``, ascending.
+
+    A bug that hands rank r the shard of slot p(r) shows only on a sampled rank that p moves,
+    so they are chosen for a family of plausible slot permutations (tests/support/
+    permutations.py; docs/matrix.md tabulates which rank each moves):
+      0, N - 1   the ends, with the partial and empty shards; moved by a reversal, any rotation
+      2, 10      small ranks that string orders move (decimal: "10" < "2"; binary: 10, "1010",
+                 sorts before 3, "11"), as do an even/odd interleave, a bit reversal and a
+                 2-D mesh's transposition
+      a prime    the smallest at least N // 3 (and past 10): odd and coprime with N, so moved by
+                 every stride r -> a*r mod N, some of which keep 0 and every even rank
+    Every permutation of the family that is not the identity moves one of them at every N up
+    to 2048, two at the simulated sizes from 64 on (tests/unit/test_scale.py). Small worlds,
+    where some coincide or do not exist, fill up with 1, 3, 4, ..."""
+    wanted = [0, world_size - 1, 2, 10, _prime_at_least(max(world_size // 3, 11))]
+    wanted += range(1, world_size)
+    picked: list[int] = []
+    for r in wanted:
+        if 0 <= r < world_size and r not in picked:
+            picked.append(r)
+        if len(picked) == SAMPLED:
+            break
+    return tuple(sorted(picked))
+
+
+def _prime_at_least(n: int) -> int:
+    while any(n % d == 0 for d in range(2, int(n**0.5) + 1)):
+        n += 1
+    return n
 
 
 def why_not(cell: Cell) -> str | None:
@@ -82,9 +108,11 @@ def covering(unsupported: Collection[str] = ()) -> Iterator[Cell]:
         yield Cell(**row, simulated=True)
 
 
-# ci's simulated cell: a model at real width, tied, bucketed and under ZERO3, at an odd size
-# (partial and empty shards on the last ranks). One only: a simulated cell costs 15-30 s here
-# (the widest model's, with the world's start, 29 s); the scale profile runs them all
+# ci's simulated cells, at an odd size (partial and empty shards on the last ranks): a model at
+# real width initialized both ways a simulated world can be. Module init is the one where
+# Thunder cuts the shards itself (each submodule's fresh weights through FSDP's state-dict
+# path); from a transformed state dict Thunder loads the shards the kit cut. Two only: a
+# simulated cell costs 15-30 s on 2 cores; the scale profile runs them all
 CI = (
     Cell(
         "pythia_160m",
@@ -96,4 +124,5 @@ CI = (
         world_size=1000,
         simulated=True,
     ),
+    Cell("pythia_160m", "meta_module_init", "fsdp_jit", tie="untied", world_size=1000, simulated=True),
 )

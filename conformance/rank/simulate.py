@@ -4,7 +4,7 @@ process group (collectives return at once and move nothing).
 A simulated cell runs on a world of ``SAMPLED`` processes (conformance/matrix/simulated.py)
 launched without a process group (the world's ``NO_GROUP``); for each cell,
 process ``i`` joins a fake group of the cell's world size as the ``i``-th sampled rank: the
-first two, a middle one and the last, where padding, empty shards and rank offsets differ.
+ends, 2, 10 and a prime near a third (``sampled_ranks`` says why these).
 The model is built on the meta device with its weights in the row pattern
 (fixtures/patterns.py), composed as a real cell is, then runs one forward and backward so
 that Thunder's final traces exist. Only shards are ever real.

@@ -45,10 +45,11 @@ def resolve(fn: str) -> Callable[..., Any]:
 
 def _warm_cublas(device: Any) -> None:
     """cuBLAS and cuBLASLt take their workspaces from the caching allocator at a handle's first
-    call and keep them for the process (on an H200: 32 MiB at the first matmul, 1 MiB more at
-    the first linear with a bias, which runs through cuBLASLt), one handle per thread. Left to
-    the first cell, they would be counted as memory that cell's Thunder held, so both kinds of
-    call run here in this thread and in autograd's, which runs every backward."""
+    call and keep them for the process, one handle per thread: on an H200, 32 MiB that a
+    matmul here took away from the first cell, and 1 MiB more that it did not (cuBLASLt's,
+    taken by a linear with a bias, we believe: not yet run on a GPU, docs/gpu-runs.md). Left
+    to the first cell, they are counted as memory its Thunder held, so both kinds of call run
+    here, in this thread and in autograd's, which runs every backward."""
     import torch
 
     def gemms() -> None:
