@@ -19,7 +19,7 @@ from conformance.checks.registry import applies
 from conformance.frontend import baseline, hypothesis_profiles, options
 from conformance.frontend.blame import KitError
 from conformance.frontend.ledger import Ledger
-from conformance.frontend.runner import DEFAULT_XFAILS, RUNNER, Runner
+from conformance.frontend.runner import DEFAULT_XFAILS, PROBE_FAILED, RUNNER, Runner
 from conformance.frontend.verdict import Conformance
 from conformance.frontend.xfails import KnownNonConformance
 from conformance.matrix.order import ORDERS
@@ -183,6 +183,7 @@ def pytest_configure(config: pytest.Config) -> None:
             baseline=config.getoption("baseline"),
             whole_run=baseline.selects_all(config),
             ledger=ledger,
+            run_warnings=runner.run_warnings,
         )
         config.pluginmanager.register(reporter, "conformance-reporter")
 
@@ -224,6 +225,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         or any(str(m.kwargs.get("reason", "")).startswith("got empty parameter set") for m in i.iter_markers("skip")),
     )
     runner = config.stash[RUNNER]
+    if runner.probe_failure is not None:  # nothing is judged: not even a generated model's cell
+        _deselect(config, items, lambda i: True)
     if runner.affected is not None:  # --affected-by: only the cells the change can reach
         cells = {c.id for i in items if (c := cell_of(i)) is not None}
         reached = {c for c in cells if runner.affected.reaches(c)}
@@ -284,6 +287,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.when = "setup"
         report.longrepr = str(call.excinfo.value)
     return report
+
+
+@pytest.hookimpl(tryfirst=True)  # before the report writer reads the exit status
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    runner = session.config.stash.get(RUNNER, None)
+    if runner is not None and runner.probe_failure is not None:
+        session.exitstatus = PROBE_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    runner = terminalreporter.config.stash.get(RUNNER, None)
+    if runner is not None and runner.probe_failure is not None:
+        terminalreporter.write_line(f"ERROR: {runner.probe_failure}")
 
 
 def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, str] | None:

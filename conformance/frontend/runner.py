@@ -28,6 +28,9 @@ from conformance.world.zygote import Zygote
 RUN_CELL = "conformance.rank.entry:run_cell"  # named, never imported: the ranks import it
 TRACED = "conformance.rank.thunder_coverage:traced"  # a task run under --thunder-coverage's tracer
 PROBE = "conformance.rank.probe:probe_compositions"  # composition -> why unsupported, or None
+# The exit status of a run whose composition probe did not complete twice: nothing was
+# judged, and the kit or the world broke, not Thunder (pytest's own statuses end at 5)
+PROBE_FAILED = 6
 DEFAULT_XFAILS = ROOT / "xfails.toml"
 
 
@@ -75,7 +78,8 @@ class Runner:
         profile: str = config.getoption("profile")
         self._cells: list[Cell] | None = None  # picked once the worlds have probed compositions
         self._unsupported: dict[str, str] | None = None
-        self._probe_failure: str | None = None
+        self.probe_failure: str | None = None  # set where the probe failed twice: the run ends
+        self.run_warnings: list[str] = []  # said at the top of the run's reports
         self._startup_owed: dict[int, float] = {}  # a world's start not yet charged to a cell
         self.place = options.xdist_place(config)  # which block of the visible GPUs is this process's
         requested: str = config.getoption("backend")
@@ -131,40 +135,53 @@ class Runner:
         forks = config.getoption("rank_start") == "fork" and self.nodes is None
         self.zygote: Zygote | None = new_zygote(traced is not None) if forks else None
         self._owns_zygote = True
-        # what a rank is asked to do for a cell; the kit's own tests swap in planted bugs
+        # what a rank is asked to do to probe the compositions, and for a cell; the kit's own
+        # tests swap in faults and planted bugs
+        self.probe_task = protocol.Task(PROBE)
         self.cell_task: Callable[[Cell], protocol.Task] = lambda cell: protocol.Task(RUN_CELL, self.cell_payload(cell))
 
     @property
     def cells(self) -> list[Cell]:
-        """The profile's cells, over the compositions that the Thunder under test offers."""
+        """The profile's cells over the compositions this Thunder offers: none where the probe
+        failed (``probe_failure``; the run then ends with PROBE_FAILED)."""
         if self._cells is None:
-            self._cells = cells(self.session.profile, self.session.nproc, self.unsupported)
+            unsupported = self.unsupported
+            self._cells = [] if self.probe_failure else cells(self.session.profile, self.session.nproc, unsupported)
         return self._cells
 
     @property
     def unsupported(self) -> dict[str, str]:
         """Composition -> why the Thunder under test does not offer it, as the ranks of a world
-        of the session's size find (asked once). A probe that does not complete is the kit's or
-        the world's failure: it fails collection, it never passes for support."""
-        if self._probe_failure is not None:
-            pytest.fail(f"the composition probe failed (see the first error): {self._probe_failure}", pytrace=False)
-        if self._unsupported is None:
-            world = self.world(self.session.nproc)
-            outcome = world.run(self.traced(protocol.Task(PROBE), coverage_map.PROBE), self.cell_timeout)
-            if self.session.isolate:
-                world.close()
-            elif outcome.ok:
-                self._startup_owed[self.session.nproc] = outcome.startup
+        of the session's size find (asked once). A probe that does not complete (a rank died or
+        hung at the world's first collective: a flaky NCCL init, say) is asked once more, on a
+        fresh world; failing twice, it ends the run, and never passes for support."""
+        if self._unsupported is None and self.probe_failure is None:
+            tries: list[str] = []
+            for _ in range(2):
+                world = self.world(self.session.nproc)
+                # a failed task kills its world: the retry starts a fresh one
+                outcome = world.run(self.traced(self.probe_task, coverage_map.PROBE), self.cell_timeout)
+                if self.session.isolate:
+                    world.close()
+                elif outcome.ok:
+                    self._startup_owed[self.session.nproc] = outcome.startup
+                if outcome.ok:
+                    break
+                tries.append(outcome.describe())
+            where = f"the composition probe ({PROBE}) on a world of {self.session.nproc} ranks"
             if not outcome.ok:
-                self._probe_failure = f"{PROBE} did not complete on a world of {self.session.nproc} ranks"
-                pytest.fail(f"{self._probe_failure}\n{outcome.describe()}", pytrace=False)
+                self.probe_failure = f"{where} did not complete, twice: nothing was judged (the kit or the world broke)"
+                self.run_warnings.append(f"{self.probe_failure}; its ranks said:\n" + "\n".join(tries))
+                return {}
+            if tries:
+                self.run_warnings.append(f"{where} did not complete at first and did on a fresh world:\n{tries[0]}")
             self._unsupported = {}
             for answer in outcome.values:
                 assert isinstance(answer, dict), answer
                 for name, reason in answer.items():
                     if reason is not None:
                         self._unsupported.setdefault(name, reason)
-        return self._unsupported
+        return self._unsupported or {}
 
     def _refusal(self, size: int) -> str | None:
         """Why a real world of ``size`` ranks cannot exist here, or None."""

@@ -55,12 +55,15 @@ class Reporter:
         baseline: Path | None = None,
         whole_run: bool = True,
         ledger: Judged | None = None,
+        run_warnings: list[str] | None = None,
     ) -> None:
         self.dir = report_dir
         self.session = session
         # a run of part of the suite (-k, a path) misses the baseline's other items without losing them
         self.whole_run = whole_run
         self.ledger = ledger  # judged before this writer's session end (its hook runs first)
+        # the runner's, filled as the run goes (a composition probe that failed, say)
+        self.run_warnings = run_warnings if run_warnings is not None else []
         # read now: the run may write its report.json over the baseline's (the same folder)
         self.baseline = (str(baseline), read_report(baseline)) if baseline is not None else None
         self.records: dict[str, dict[str, Any]] = {}
@@ -121,7 +124,7 @@ class Reporter:
         report = {
             "environment": environment.describe(self.session),
             # what the run did not test although its environment suggests it did (summary.md's top)
-            "warnings": environment.warnings(self.session, sizes),
+            "warnings": environment.warnings(self.session, sizes) + self.run_warnings,
             "exit_status": int(exitstatus),
             # when the run began (UTC): what orders nights in `python -m conformance.compare --history`
             "started": datetime.datetime.fromtimestamp(self.started, datetime.timezone.utc).isoformat(),

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -70,3 +72,19 @@ def run_cell_with_fault(fault: str, axes: dict[str, Any], declared: Sequence[str
 
     with FAULTS[fault]():
         return run_cell(axes, declared)
+
+
+# Faults of the composition probe (plant_plugin swaps the probe's task, not the cell's).
+PROBE_FAULTS = ("probe_rank_killed_once", "probe_rank_killed_always")
+
+
+def probe_with_fault(fault: str, marker: str) -> Any:
+    """Rank 1 kills itself (SIGKILL) while probing: at the first probe only, or every time;
+    ``marker`` (a folder the pytest process made) remembers the first across worlds."""
+    from conformance.rank.probe import probe_compositions
+
+    first = not os.path.exists(os.path.join(marker, "killed"))
+    if int(os.environ["RANK"]) == 1 and (first or fault == "probe_rank_killed_always"):
+        open(os.path.join(marker, "killed"), "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return probe_compositions()

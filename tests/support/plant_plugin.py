@@ -5,11 +5,13 @@ CONFORMANCE_KIT_FAULT set, with that fault of the kit itself (tests/support/kit_
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
 from conformance.frontend.runner import RUNNER
 from conformance.world import protocol
+from tests.support import kit_faults
 
 ENV = "CONFORMANCE_PLANTED_BUG"
 KIT_FAULT_ENV = "CONFORMANCE_KIT_FAULT"
@@ -18,6 +20,13 @@ KIT_FAULT_ENV = "CONFORMANCE_KIT_FAULT"
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     runner = config.stash[RUNNER]
+    if KIT_FAULT_ENV in os.environ and os.environ[KIT_FAULT_ENV] in kit_faults.PROBE_FAULTS:
+        # a rank killed while the compositions are probed; the marker says whether it was yet
+        marker = tempfile.mkdtemp(prefix="probe-fault-")
+        runner.probe_task = protocol.Task(
+            "tests.support.kit_faults:probe_with_fault", {"fault": os.environ[KIT_FAULT_ENV], "marker": marker}
+        )
+        return
     if KIT_FAULT_ENV in os.environ:
         fault = os.environ[KIT_FAULT_ENV]
         runner.cell_task = lambda cell: protocol.Task(

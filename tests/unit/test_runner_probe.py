@@ -1,7 +1,7 @@
 """The runner's choices before any cell runs, with a stand-in world (no world is started):
 the compositions probed once and the cells chosen over those that run, a probe that does
-not complete failing collection, and cells too large for the visible GPUs reported
-unsupported."""
+not complete asked once more and, failing twice, leaving no cell to run, and cells too large
+for the visible GPUs reported unsupported."""
 
 from __future__ import annotations
 
@@ -23,13 +23,16 @@ LEGACY = "thunder.distributed.fsdp(nn.Module) raises TypeError: planted"
 
 
 class StandInWorld:
-    def __init__(self, size: int, answer: object, ok: bool = True) -> None:
+    """``ok``: whether each task completes, or a list of that for the tasks in turn."""
+
+    def __init__(self, size: int, answer: object, ok: bool | list[bool] = True) -> None:
         self.size, self.answer, self.ok, self.tasks = size, answer, ok, []
 
     def run(self, task: protocol.Task, timeout: float) -> Outcome:
         self.tasks.append(task.fn)
-        status = protocol.PASSED if self.ok else protocol.FAILED
-        error = None if self.ok else "Traceback: planted probe failure"
+        ok = self.ok if isinstance(self.ok, bool) else self.ok[len(self.tasks) - 1]
+        status = protocol.PASSED if ok else protocol.FAILED
+        error = None if ok else "Traceback: planted probe failure"
         results = [protocol.RankResult(r, status, self.answer, error) for r in range(self.size)]
         return Outcome(results, duration=0.1, startup=2.0 if len(self.tasks) == 1 else 0.0)
 
@@ -44,9 +47,11 @@ def make_runner(
     runner.place = place or XdistPlace()
     runner.session = SessionInfo(backend, world.size, profile, False, Path("xfails.toml"), True)
     runner.cell_timeout = 10.0
-    runner._cells, runner._unsupported, runner._probe_failure, runner._startup_owed = None, None, None, {}
+    runner._cells, runner._unsupported, runner._startup_owed = None, None, {}
+    runner.probe_failure, runner.run_warnings = None, []
     runner.worlds, runner.outcomes = {(world.size, False): world}, {}
     runner.cell_task = lambda cell: protocol.Task("stand.in:run", {"axes": cell.axes()})
+    runner.probe_task = protocol.Task(PROBE)
     runner.lifetimes, runner._index, runner._retired, runner._pooled = Lifetimes(1, False), None, [], False
     return runner
 
@@ -62,12 +67,22 @@ def test_the_probe_runs_once_and_the_cells_are_chosen_over_what_runs() -> None:
     assert first.startup == 2.0 and world.tasks[1] == "stand.in:run"
 
 
-def test_a_probe_that_does_not_complete_fails_collection_and_never_passes_for_support() -> None:
-    runner = make_runner(StandInWorld(2, None, ok=False))
-    with pytest.raises(pytest.fail.Exception, match=r"did not complete on a world of 2 ranks(?s:.)*planted probe"):
-        runner.cells  # noqa: B018
-    with pytest.raises(pytest.fail.Exception, match="the composition probe failed"):
-        runner.cells  # noqa: B018
+def test_a_probe_that_fails_once_is_asked_again_on_a_fresh_world() -> None:
+    world = StandInWorld(2, {"fsdp_jit": None, "jit_fsdp": None, "legacy_jit_fsdp": LEGACY}, ok=[False, True])
+    runner = make_runner(world)
+    assert runner.cells == cells("ci", 2, {"legacy_jit_fsdp": LEGACY}) and world.tasks == [PROBE, PROBE]
+    assert runner.probe_failure is None
+    assert "did not complete at first and did on a fresh world" in runner.run_warnings[0]
+    assert "planted probe failure" in runner.run_warnings[0]
+
+
+def test_a_probe_that_fails_twice_ends_the_run_and_never_passes_for_support() -> None:
+    world = StandInWorld(2, None, ok=False)
+    runner = make_runner(world)
+    assert runner.cells == [] and world.tasks == [PROBE, PROBE]  # no cell: nothing is judged
+    assert runner.probe_failure is not None and "did not complete, twice" in runner.probe_failure
+    assert runner.unsupported == {} and runner.cells == [] and world.tasks == [PROBE, PROBE]  # not asked a third time
+    assert runner.run_warnings[0].count("planted probe failure") == 4  # both ranks of both tries
 
 
 def test_a_cell_larger_than_the_visible_gpus_is_unsupported_under_nccl(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -64,3 +64,46 @@ def test_an_exception_raised_in_thunder_is_thunders_failure(tmp_path) -> None:
     for record in run.report["cells"]:
         assert "the kit broke" not in record["message"]
         assert "planted: Thunder cannot shard this model" in record["message"]
+
+
+def _ranks_of(report_dir) -> list[int]:
+    """The rank processes still running whose world lives under ``report_dir``."""
+    import psutil
+
+    from conformance.world import protocol
+
+    left = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get(protocol.ENV_WORLD_DIR, "").startswith(str(report_dir)):
+                left.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return left
+
+
+def test_a_rank_killed_in_the_first_probe_is_survived_on_a_fresh_world(tmp_path) -> None:
+    run = _run(tmp_path, "probe_rank_killed_once")
+    assert run.returncode == 0, run.output
+    assert set(run.report["counts"]) == {"passed"}, run.report["counts"]
+    retried = [w for w in run.report["warnings"] if "did not complete at first and did on a fresh world" in w]
+    assert len(retried) == 1 and "rank 1: died" in retried[0]
+
+
+def test_a_probe_that_fails_twice_ends_the_run_in_one_error_line(tmp_path) -> None:
+    import time
+
+    from conformance.frontend.runner import PROBE_FAILED
+
+    # a process of its own, so that its worlds live under its report folder (a pooled world's do not)
+    env = {KIT_FAULT_ENV: "probe_rank_killed_always"}
+    run = run_suite(tmp_path, "--profile", "smoke", "-k", CELL, env=env, plant=True, shared=False)
+    assert run.returncode == run.report["exit_status"] == PROBE_FAILED, run.output
+    errors = [line for line in run.output.splitlines() if line.startswith("ERROR:")]
+    assert len(errors) == 1 and "did not complete, twice" in errors[0], run.output
+    assert "INTERNALERROR" not in run.output and run.report["cells"] == []
+    assert run.report["warnings"][-1].count("rank 1: died") == 2  # two worlds started, each lost rank 1
+    deadline = time.monotonic() + 10
+    while _ranks_of(run.report_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _ranks_of(run.report_dir) == []
