@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -294,6 +295,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     runner = session.config.stash.get(RUNNER, None)
     if runner is not None and runner.probe_failure is not None:
         session.exitstatus = PROBE_FAILED
+        if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller ends the run
+            session.config.workeroutput["probe_failure"] = runner.probe_failure
+            session.config.workeroutput["run_warnings"] = runner.run_warnings
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist's controller collects nothing itself: a worker whose probe failed twice says so."""
+    output = getattr(node, "workeroutput", None) or {}
+    runner = node.config.stash[RUNNER]
+    if output.get("probe_failure") and runner.probe_failure is None:
+        runner.probe_failure = output["probe_failure"]
+        runner.run_warnings.extend(output.get("run_warnings", []))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

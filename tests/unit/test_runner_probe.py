@@ -96,3 +96,23 @@ def test_a_cell_larger_than_the_visible_gpus_is_unsupported_under_nccl(monkeypat
     }
     assert world.tasks == []  # no world was asked
     assert runner.run(Cell("mlp", "real", "fsdp_jit", world_size=2)).ok and world.tasks == ["stand.in:run"]
+
+
+def test_an_xdist_workers_failed_probe_reaches_the_controller() -> None:
+    """Under -n the workers probe and collect; the controller, which ends the run, hears of a
+    probe that failed twice from the worker's output (both ends measured by hand: exit 6)."""
+    import types
+
+    from conformance.frontend import plugin
+    from conformance.frontend.runner import RUNNER
+
+    worker, controller = make_runner(StandInWorld(2, None, ok=False)), make_runner(StandInWorld(2, None))
+    assert worker.cells == []
+    config = types.SimpleNamespace(stash={RUNNER: worker}, workeroutput={})
+    session = types.SimpleNamespace(config=config, exitstatus=5)
+    plugin.pytest_sessionfinish(session, 5)
+    assert session.exitstatus == plugin.PROBE_FAILED and config.workeroutput["probe_failure"] == worker.probe_failure
+    controller_config = types.SimpleNamespace(stash={RUNNER: controller})
+    node = types.SimpleNamespace(config=controller_config, workeroutput=config.workeroutput)
+    plugin.pytest_testnodedown(node, None)
+    assert controller.probe_failure == worker.probe_failure and controller.run_warnings == worker.run_warnings
