@@ -208,8 +208,9 @@ class Runner:
         if (size, simulated) not in self.worlds:
             backend = protocol.NO_GROUP if simulated else self.session.backend
             zygote = self.zygote.path if self.zygote is not None and backend != "nccl" else None
-            if simulated:
-                spec = LaunchSpec(nproc=size, backend=backend, cuda_devices=launch.HIDDEN, zygote=zygote)
+            if simulated:  # on this machine's CPU, as device_slice hides the GPUs from every non-nccl world
+                devices = launch.device_slice(backend, size, self.place.slot, self.place.workers)
+                spec = LaunchSpec(nproc=size, backend=backend, cuda_devices=devices, zygote=zygote)
             else:
                 per_node = size // (self.nodes.nnodes if self.nodes else 1)
                 devices = launch.device_slice(backend, per_node, self.place.slot, self.place.workers)

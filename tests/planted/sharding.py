@@ -4,7 +4,7 @@ wrong offset."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -12,6 +12,28 @@ import pytest
 from fixtures import patterns
 from tests.planted.cells import ALL, DDP, FSDP, NONE, REAL
 from tests.planted.record import Expect, planted
+
+
+@contextlib.contextmanager
+def _shard_tensor_as(replace: Callable[[Any], Callable[..., Any]]) -> Iterator[None]:
+    """Thunder's FSDP cutting every shard with ``replace(original)`` for its ``_shard_tensor``."""
+    import thunder.distributed.transforms.fsdp_v2 as fsdp_v2
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fsdp_v2, "_shard_tensor", replace(fsdp_v2._shard_tensor))
+        yield
+
+
+def _at_slot(slot: Callable[[int, int], int]) -> contextlib.AbstractContextManager[None]:
+    """Each rank cut the shard of ``slot(rank, world_size)``: a right shard in the wrong place."""
+
+    def replace(original: Callable[..., Any]) -> Callable[..., Any]:
+        def shard(param: Any, rank: int, world_size: int, *args: Any, **kwargs: Any) -> Any:
+            return original(param, slot(rank, world_size), world_size, *args, **kwargs)
+
+        return shard
+
+    return _shard_tensor_as(replace)
 
 
 # Module init draws fresh weights, so a permuted shard is invisible to the values there,
@@ -27,15 +49,7 @@ from tests.planted.record import Expect, planted
 @contextlib.contextmanager
 def wrong_shard() -> Iterator[None]:
     """Each rank keeps its neighbour's chunk of every parameter."""
-    import thunder.distributed.transforms.fsdp_v2 as fsdp_v2
-
-    original = fsdp_v2._shard_tensor
-
-    def shard(param: Any, rank: int, world_size: int, *args: Any, **kwargs: Any) -> Any:
-        return original(param, (rank + 1) % world_size, world_size, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fsdp_v2, "_shard_tensor", shard)
+    with _at_slot(lambda rank, world_size: (rank + 1) % world_size):
         yield
 
 
@@ -64,14 +78,12 @@ def _padded_shard(param: Any, world_size: int, chunk: int, start: int) -> tuple[
 def padding_when_divisible() -> Iterator[None]:
     """Dim 0 padded to the next multiple of the world size even when it is one already
     (``(D // N + 1) * N``): a chunk one row too long, only where N divides D."""
-    import thunder.distributed.transforms.fsdp_v2 as fsdp_v2
 
     def shard(param: Any, rank: int, world_size: int, *args: Any, **kwargs: Any) -> Any:
         chunk = param.shape[0] // world_size + 1
         return _padded_shard(param, world_size, chunk, chunk * rank)
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fsdp_v2, "_shard_tensor", shard)
+    with _shard_tensor_as(lambda original: shard):
         yield
 
 
@@ -81,14 +93,12 @@ def padding_when_divisible() -> Iterator[None]:
 def offset_off_past_first_rank() -> Iterator[None]:
     """Every rank but the first cuts its shard one row early: each holds its predecessor's
     last row (shapes, collectives and bytes unchanged)."""
-    import thunder.distributed.transforms.fsdp_v2 as fsdp_v2
 
     def shard(param: Any, rank: int, world_size: int, *args: Any, **kwargs: Any) -> Any:
         chunk = patterns.chunk_rows(param.shape[0], world_size)
         return _padded_shard(param, world_size, chunk, max(0, chunk * rank - 1))
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fsdp_v2, "_shard_tensor", shard)
+    with _shard_tensor_as(lambda original: shard):
         yield
 
 
@@ -106,15 +116,7 @@ def slots_in_string_order() -> Iterator[None]:
     """Each rank is cut the shard of its number's place in string order ("0" < "1" < "10" <
     "100" < … < "2"), as when slots come from sorted store keys: the identity up to 10 ranks,
     a permutation beyond."""
-    import thunder.distributed.transforms.fsdp_v2 as fsdp_v2
-
-    original = fsdp_v2._shard_tensor
-
-    def shard(param: Any, rank: int, world_size: int, *args: Any, **kwargs: Any) -> Any:
-        return original(param, _string_order_slot(rank, world_size), world_size, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fsdp_v2, "_shard_tensor", shard)
+    with _at_slot(_string_order_slot):
         yield
 
 

@@ -20,15 +20,13 @@ KIT_FAULT_ENV = "CONFORMANCE_KIT_FAULT"
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     runner = config.stash[RUNNER]
-    if KIT_FAULT_ENV in os.environ and os.environ[KIT_FAULT_ENV] in kit_faults.PROBE_FAULTS:
+    fault = os.environ.get(KIT_FAULT_ENV)
+    if fault in kit_faults.PROBE_FAULTS:
         # a rank killed while the compositions are probed; the marker says whether it was yet
-        marker = tempfile.mkdtemp(prefix="probe-fault-")
-        runner.probe_task = protocol.Task(
-            "tests.support.kit_faults:probe_with_fault", {"fault": os.environ[KIT_FAULT_ENV], "marker": marker}
-        )
+        payload = {"fault": fault, "marker": tempfile.mkdtemp(prefix="probe-fault-")}
+        runner.probe_task = protocol.Task("tests.support.kit_faults:probe_with_fault", payload)
         return
-    if KIT_FAULT_ENV in os.environ:
-        fault = os.environ[KIT_FAULT_ENV]
+    if fault is not None:
         runner.cell_task = lambda cell: protocol.Task(
             "tests.support.kit_faults:run_cell_with_fault", {"fault": fault, **runner.cell_payload(cell)}
         )
