@@ -12,7 +12,6 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,7 +19,8 @@ from conformance.checks.registry import applies
 from conformance.frontend import baseline, hypothesis_profiles, options
 from conformance.frontend.blame import KitError
 from conformance.frontend.ledger import Ledger
-from conformance.frontend.runner import DEFAULT_XFAILS, PROBE_FAILED, RUNNER, Runner
+from conformance.frontend.probing import RunEnd
+from conformance.frontend.runner import DEFAULT_XFAILS, RUNNER, Runner
 from conformance.frontend.verdict import Conformance
 from conformance.frontend.xfails import KnownNonConformance
 from conformance.matrix.order import ORDERS
@@ -164,6 +164,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cell(id): a conformance cell, run on a torchrun world")
     options.check(config)  # a bad option ends the run here, in one line, before any world starts
     config.stash[RUNNER] = Runner(config)
+    config.pluginmanager.register(RunEnd(config.stash[RUNNER]), "conformance-probe-run-end")
     if (nodes := config.stash[RUNNER].nodes) is not None:  # said before collection, which waits for them
         told = None if seal.ENV_TOKEN in os.environ else nodes.seal.token
         agents = f"{nodes.nnodes - 1} join agent{'s' if nodes.nnodes > 2 else ''}"
@@ -226,8 +227,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         or any(str(m.kwargs.get("reason", "")).startswith("got empty parameter set") for m in i.iter_markers("skip")),
     )
     runner = config.stash[RUNNER]
-    if runner.probe_failure is not None:  # nothing is judged: not even a generated model's cell
-        _deselect(config, items, lambda i: True)
     if runner.affected is not None:  # --affected-by: only the cells the change can reach
         cells = {c.id for i in items if (c := cell_of(i)) is not None}
         reached = {c for c in cells if runner.affected.reaches(c)}
@@ -288,32 +287,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.when = "setup"
         report.longrepr = str(call.excinfo.value)
     return report
-
-
-@pytest.hookimpl(tryfirst=True)  # before the report writer reads the exit status
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    runner = session.config.stash.get(RUNNER, None)
-    if runner is not None and runner.probe_failure is not None:
-        session.exitstatus = PROBE_FAILED
-        if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller ends the run
-            session.config.workeroutput["probe_failure"] = runner.probe_failure
-            session.config.workeroutput["run_warnings"] = runner.run_warnings
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: object) -> None:
-    """xdist's controller collects nothing itself: a worker whose probe failed twice says so."""
-    output = getattr(node, "workeroutput", None) or {}
-    runner = node.config.stash[RUNNER]
-    if output.get("probe_failure") and runner.probe_failure is None:
-        runner.probe_failure = output["probe_failure"]
-        runner.run_warnings.extend(output.get("run_warnings", []))
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    runner = terminalreporter.config.stash.get(RUNNER, None)
-    if runner is not None and runner.probe_failure is not None:
-        terminalreporter.write_line(f"ERROR: {runner.probe_failure}")
 
 
 def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, str] | None:

@@ -13,6 +13,7 @@ import pytest
 from conformance.checks.findings import CellResult
 from conformance.frontend import baseline, options, xfails
 from conformance.frontend.lifetimes import Lifetimes, WorldKey
+from conformance.frontend.probing import PROBE, ask
 from conformance.matrix import order
 from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import cells
@@ -27,10 +28,6 @@ from conformance.world.zygote import Zygote
 
 RUN_CELL = "conformance.rank.entry:run_cell"  # named, never imported: the ranks import it
 TRACED = "conformance.rank.thunder_coverage:traced"  # a task run under --thunder-coverage's tracer
-PROBE = "conformance.rank.probe:probe_compositions"  # composition -> why unsupported, or None
-# The exit status of a run whose composition probe did not complete twice: nothing was
-# judged, and the kit or the world broke, not Thunder (pytest's own statuses end at 5)
-PROBE_FAILED = 6
 DEFAULT_XFAILS = ROOT / "xfails.toml"
 
 
@@ -143,7 +140,7 @@ class Runner:
     @property
     def cells(self) -> list[Cell]:
         """The profile's cells over the compositions this Thunder offers: none where the probe
-        failed (``probe_failure``; the run then ends with PROBE_FAILED)."""
+        failed (``probe_failure``; the run then ends: frontend/probing.py)."""
         if self._cells is None:
             unsupported = self.unsupported
             self._cells = [] if self.probe_failure else cells(self.session.profile, self.session.nproc, unsupported)
@@ -156,31 +153,17 @@ class Runner:
         hung at the world's first collective: a flaky NCCL init, say) is asked once more, on a
         fresh world; failing twice, it ends the run, and never passes for support."""
         if self._unsupported is None and self.probe_failure is None:
-            tries: list[str] = []
-            for _ in range(2):
+
+            def run_once() -> Outcome:
                 world = self.world(self.session.nproc)
-                # a failed task kills its world: the retry starts a fresh one
                 outcome = world.run(self.traced(self.probe_task, coverage_map.PROBE), self.cell_timeout)
                 if self.session.isolate:
                     world.close()
                 elif outcome.ok:
                     self._startup_owed[self.session.nproc] = outcome.startup
-                if outcome.ok:
-                    break
-                tries.append(outcome.describe())
-            where = f"the composition probe ({PROBE}) on a world of {self.session.nproc} ranks"
-            if not outcome.ok:
-                self.probe_failure = f"{where} did not complete, twice: nothing was judged (the kit or the world broke)"
-                self.run_warnings.append(f"{self.probe_failure}; its ranks said:\n" + "\n".join(tries))
-                return {}
-            if tries:
-                self.run_warnings.append(f"{where} did not complete at first and did on a fresh world:\n{tries[0]}")
-            self._unsupported = {}
-            for answer in outcome.values:
-                assert isinstance(answer, dict), answer
-                for name, reason in answer.items():
-                    if reason is not None:
-                        self._unsupported.setdefault(name, reason)
+                return outcome
+
+            self._unsupported, self.probe_failure = ask(run_once, self.session.nproc, self.run_warnings)
         return self._unsupported or {}
 
     def _refusal(self, size: int) -> str | None:

@@ -12,7 +12,8 @@ import pytest
 from conformance.checks.findings import CellResult
 from conformance.frontend.lifetimes import Lifetimes
 from conformance.frontend.options import XdistPlace
-from conformance.frontend.runner import PROBE, Runner
+from conformance.frontend.probing import PROBE
+from conformance.frontend.runner import Runner
 from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import cells
 from conformance.reports.session import SessionInfo
@@ -103,16 +104,13 @@ def test_an_xdist_workers_failed_probe_reaches_the_controller() -> None:
     probe that failed twice from the worker's output (both ends measured by hand: exit 6)."""
     import types
 
-    from conformance.frontend import plugin
-    from conformance.frontend.runner import RUNNER
+    from conformance.frontend.probing import PROBE_FAILED, RunEnd
 
     worker, controller = make_runner(StandInWorld(2, None, ok=False)), make_runner(StandInWorld(2, None))
     assert worker.cells == []
-    config = types.SimpleNamespace(stash={RUNNER: worker}, workeroutput={})
+    config = types.SimpleNamespace(workeroutput={})
     session = types.SimpleNamespace(config=config, exitstatus=5)
-    plugin.pytest_sessionfinish(session, 5)
-    assert session.exitstatus == plugin.PROBE_FAILED and config.workeroutput["probe_failure"] == worker.probe_failure
-    controller_config = types.SimpleNamespace(stash={RUNNER: controller})
-    node = types.SimpleNamespace(config=controller_config, workeroutput=config.workeroutput)
-    plugin.pytest_testnodedown(node, None)
+    RunEnd(worker).pytest_sessionfinish(session, 5)
+    assert session.exitstatus == PROBE_FAILED and config.workeroutput["probe_failure"] == worker.probe_failure
+    RunEnd(controller).pytest_testnodedown(types.SimpleNamespace(workeroutput=config.workeroutput), None)
     assert controller.probe_failure == worker.probe_failure and controller.run_warnings == worker.run_warnings

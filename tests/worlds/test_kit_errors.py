@@ -93,7 +93,7 @@ def test_a_rank_killed_in_the_first_probe_is_survived_on_a_fresh_world(tmp_path)
 def test_a_probe_that_fails_twice_ends_the_run_in_one_error_line(tmp_path) -> None:
     import time
 
-    from conformance.frontend.runner import PROBE_FAILED
+    from conformance.frontend.probing import PROBE_FAILED
 
     # a process of its own, so that its worlds live under its report folder (a pooled world's do not)
     env = {KIT_FAULT_ENV: "probe_rank_killed_always"}
