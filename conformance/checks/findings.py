@@ -90,8 +90,7 @@ class Findings:
                 assert name not in defects, f"not gathered as Thunder held it: {defects.get(name)}"
                 torch.testing.assert_close(act, exp, **_finite({**tol, **(per_name or {}).get(name, {})}))
             if act is not None and act.shape == exp.shape:
-                err = (act.double() - exp.double()).abs().max().item() if exp.numel() else 0.0
-                worst = max(worst, err if err == err else float("inf"))  # NaN counts as the worst
+                worst = max(worst, _worst_error(act, exp))
         # a name eager has no value for (a frozen parameter's gradient) must have none here
         self.failures += [f"{what} [{name}]: present where eager has none" for name in actual if name not in expected]
         self.metrics[f"{what} max_abs_err"] = worst
@@ -99,6 +98,18 @@ class Findings:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _worst_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """The largest absolute difference; infinite where there is none to take (NaN, values on
+    another device, ``meta``: assert_close has named what is wrong)."""
+    if not expected.numel():
+        return 0.0
+    try:
+        err = (actual.double() - expected.double()).abs().max().item()
+    except (RuntimeError, TypeError):
+        return float("inf")
+    return err if err == err else float("inf")
 
 
 def strict_unless_finite(allowance: float) -> float:

@@ -205,6 +205,20 @@ class Resumed:
 
 
 @dataclasses.dataclass
+class RankZeroOnly:
+    """The full checkpoint taken and loaded with ``rank0_only=True`` (the ``resume`` scenario,
+    conformance/rank/scenarios/rank0_only.py), on one rank."""
+
+    rank: int
+    truth: Tensors  # what the whole checkpoint must hold (the kit's gathering, eager's names)
+    checkpoint: Tensors  # what this rank's module holds once the checkpoint is loaded into it
+    taken: Tensors | None = None  # what this rank took (None: get_model_state_dict raised)
+    untouched: Tensors = dataclasses.field(default_factory=dict)  # a fresh module's, before loading
+    loaded: Tensors = dataclasses.field(default_factory=dict)  # the same module's after loading
+    error: str | None = None  # what Thunder raised composing or loading
+
+
+@dataclasses.dataclass
 class ScenarioRecord:
     """What a cell's scenario did after training (conformance/rank/scenarios/): one more use of
     the Thunder module beside eager PyTorch holding the Thunder module's own gathered weights
@@ -230,6 +244,7 @@ class ScenarioRecord:
     traces: FinalTraces | None = None  # what Thunder compiled for the scenario (backward: None without one)
     error: str | None = None  # what Thunder raised instead (the training's findings still stand)
     resumed: list[Resumed] = dataclasses.field(default_factory=list)  # ``resume``: each checkpoint kind's round trip
+    rank0_only: RankZeroOnly | None = None  # ``resume``: the full checkpoint on rank 0 alone
 
 
 @dataclasses.dataclass

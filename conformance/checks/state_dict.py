@@ -9,14 +9,19 @@ to eager training is the numerics area's business.)
 
 Under the ``resume`` scenario, each checkpoint Thunder takes (full, sharded) must hold what
 the kit gathers, and a fresh composition it is loaded into must resume bit for bit where the
-uninterrupted run goes (conformance/rank/scenarios/resume.py).
+uninterrupted run goes (conformance/rank/scenarios/resume.py). The full checkpoint taken with
+``rank0_only=True`` must be whole on rank 0 and empty elsewhere, and loaded that way it must
+land on rank 0 and leave every other rank's tensors as they were or give them rank 0's
+(conformance/rank/scenarios/rank0_only.py).
 """
 
 from __future__ import annotations
 
+import torch
+
 from conformance.checks.area import Area
 from conformance.checks.findings import Findings
-from conformance.checks.record import CellRecord, Resumed, Tensors
+from conformance.checks.record import CellRecord, RankZeroOnly, Resumed, Tensors
 from conformance.checks.storages import tied_duplicates
 
 
@@ -41,6 +46,8 @@ def check(run: CellRecord) -> Findings:
     if run.scenario is not None:
         for resumed in run.scenario.resumed:
             judge_resumed(found, resumed, set(record.eager_model))
+        if run.scenario.rank0_only is not None:
+            judge_rank0_only(found, run.scenario.rank0_only, set(record.eager_model))
     return found
 
 
@@ -79,6 +86,36 @@ def judge_resumed(found: Findings, resumed: Resumed, eager_keys: set[str]) -> No
         found.failures.append(f"{what} resumed: Thunder raised {resumed.error.split(':', 1)[0]}\n{resumed.error}")
     for moment in resumed.compared:
         found.close(f"{what} resumed: {moment.what}", moment.resumed, moment.uninterrupted, rtol=0.0, atol=0.0)
+
+
+def judge_rank0_only(found: Findings, record: RankZeroOnly, eager_keys: set[str]) -> None:
+    """The full checkpoint with ``rank0_only=True``: taken, rank 0 holds all of it (as
+    ``_entries`` asks of any full checkpoint) and another rank nothing; loaded, rank 0's
+    module holds it, and another rank's, given nothing, either kept its own tensors or got
+    rank 0's (a Thunder that broadcasts), never some mix."""
+    what = "full checkpoint with rank0_only"
+    if record.taken is not None:
+        if record.rank == 0:
+            _entries(found, what, record.taken, record.truth, set(record.truth), eager_keys)
+        else:
+            with found.expect(f"{what}: rank {record.rank} takes nothing"):
+                assert not record.taken, f"it took {len(record.taken)} tensors: {sorted(record.taken)[:4]}"
+    if record.error is not None:
+        found.failures.append(f"{what} loaded: Thunder raised {record.error.split(':', 1)[0]}\n{record.error}")
+        return
+    kept = record.rank != 0 and record.loaded.keys() == record.untouched.keys()
+    if kept and all(_same(t, record.untouched[n]) for n, t in record.loaded.items()):
+        return
+    whose = "rank 0's" if record.rank == 0 else f"rank {record.rank}'s, given nothing, neither kept nor"
+    found.close(f"{what} loaded: {whose} the checkpoint", record.loaded, record.checkpoint, rtol=0.0, atol=0.0)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit equal; False for anything that is not two comparable tensors."""
+    try:
+        return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    except Exception:  # what Thunder handed over may be anything: not the same, then
+        return False
 
 
 AREA = Area("state_dict", check)

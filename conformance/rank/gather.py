@@ -144,6 +144,26 @@ def cpu_copy(t: torch.Tensor) -> torch.Tensor:
     return torch.full(t.shape, False if t.dtype == torch.bool else torch.iinfo(t.dtype).min, dtype=t.dtype)
 
 
+def local_copies(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """CPU copies of a state dict's tensors, a DTensor's local shard for the DTensor."""
+    return cpu_copies((k, getattr(v, "_local_tensor", v)) for k, v in state.items() if isinstance(v, torch.Tensor))
+
+
+def padding_cleared(
+    held: torch.Tensor, truth: torch.Tensor | None, full: torch.Size | None, rank: int
+) -> torch.Tensor:
+    """A shard with the rows past its parameter's end (``full``, the whole shape) zeroed, as
+    the kit's own shard pads: what Thunder keeps in its padding is never read, so it is
+    nobody's to check. A shard of another shape than ``truth`` is left as it is (the
+    comparison names it)."""
+    if full is None or truth is None or held.shape != truth.shape or not held.dim():
+        return held
+    valid = max(0, min(held.shape[0], full[0] - rank * held.shape[0]))
+    cleared = held.clone()
+    cleared[valid:] = 0
+    return cleared
+
+
 def on_every_rank(values: dict[str, Any]) -> list[dict[str, Any]]:
     """Every rank's ``values`` (a few small CPU tensors, such as buffers), by rank: an object
     all-gather, as their shapes may differ from rank to rank, which a tensor collective forbids."""

@@ -166,3 +166,34 @@ def optimizer_reload_loses_a_step() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(torch.optim.Optimizer, "load_state_dict", load_state_dict)
         yield
+
+
+# Only the resume scenario asks for rank0_only. The take shows on DDP cells alone: an FSDP
+# module's get_model_state_dict raises on CPU ranks (the pin's xfail), before rank0_only counts.
+@planted(
+    {"state_dict": Expect(RESUME, NONE, "full checkpoint with rank0_only")},
+    cells=(lambda c: RESUME(c) and not DDP(c), lambda c: RESUME(c) and DDP(c)),
+)
+@contextlib.contextmanager
+def rank0_only_half_honoured() -> Iterator[None]:
+    """``StateDictOptions(rank0_only=True)`` half honoured: taking the full checkpoint, every
+    rank gets all of it; loading it, rank 0 loads every entry but the last it is handed (one
+    tensor keeps the fresh module's value)."""
+    import dataclasses
+
+    from thunder.distributed import checkpoint
+
+    take, load = checkpoint.get_model_state_dict, checkpoint.load_model_state_dict
+
+    def get_model_state_dict(module: Any, options: Any, rank: int) -> dict[str, Any]:
+        return take(module, dataclasses.replace(options, rank0_only=False), rank)
+
+    def load_model_state_dict(state_dict: dict[str, Any], module: Any, options: Any, rank: int) -> None:
+        if options.rank0_only and state_dict:
+            state_dict = dict(list(state_dict.items())[:-1])
+        load(state_dict, module, options, rank)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checkpoint, "get_model_state_dict", get_model_state_dict)
+        mp.setattr(checkpoint, "load_model_state_dict", load_model_state_dict)
+        yield

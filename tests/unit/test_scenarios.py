@@ -12,8 +12,8 @@ from conformance.checks import collectives
 from conformance.checks.collectives import expected_counts, scenario_counts
 from conformance.checks.findings import Findings
 from conformance.checks.numerics.scenarios import judge_scenario
-from conformance.checks.record import Compared, Resumed, ScenarioRecord
-from conformance.checks.state_dict import judge_resumed
+from conformance.checks.record import Compared, RankZeroOnly, Resumed, ScenarioRecord
+from conformance.checks.state_dict import judge_rank0_only, judge_resumed
 from conformance.checks.traces import FinalTraces
 from fixtures.toy_models import MLP, LoRA
 
@@ -195,3 +195,62 @@ def test_what_thunder_got_wrong_in_a_checkpoint_is_a_finding_never_a_crash() -> 
     assert any(h.startswith("full checkpoint after training [w]") for h in heads)  # NaN
     assert any(h.startswith("full checkpoint after training [b]") for h in heads)  # a wrong shape
     assert heads[-1] == "full checkpoint resumed: Thunder raised KeyError"
+
+
+def _on_rank(rank: int, **changes) -> RankZeroOnly:
+    """rank0_only's take and load on ``rank`` as Thunder documents them, with ``changes``."""
+    weights, fresh = _grads(3), _grads(4)
+    record = RankZeroOnly(
+        rank=rank,
+        truth=dict(weights),
+        checkpoint=dict(weights),
+        taken=dict(weights) if rank == 0 else {},
+        untouched=dict(fresh),
+        loaded=dict(weights) if rank == 0 else dict(fresh),
+    )
+    for name, value in changes.items():
+        setattr(record, name, value)
+    return record
+
+
+@pytest.mark.parametrize(
+    "record",
+    [_on_rank(0), _on_rank(1), _on_rank(1, loaded=_grads(3)), _on_rank(1, taken=None)],
+    ids=["rank 0", "rank 1 keeps its own", "rank 1 gets rank 0's (a broadcast)", "the take raised"],
+)
+def test_rank0_only_as_documented_finds_nothing(record: RankZeroOnly) -> None:
+    found = Findings()
+    judge_rank0_only(found, record, {"w", "b"})
+    assert found.failures == []
+
+
+def test_rank0_only_taken_or_loaded_on_the_wrong_rank_is_found() -> None:
+    weights, fresh = _grads(3), _grads(4)
+    found = Findings()
+    judge_rank0_only(found, _on_rank(1, taken=dict(weights)), {"w", "b"})
+    judge_rank0_only(found, _on_rank(0, loaded=dict(fresh)), {"w", "b"})
+    judge_rank0_only(found, _on_rank(1, loaded={"w": weights["w"], "b": fresh["b"]}), {"w", "b"})  # a mix
+    heads = [f.split("\n")[0] for f in found.failures]
+    assert heads[0] == "full checkpoint with rank0_only: rank 1 takes nothing: it took 2 tensors: ['b', 'w']"
+    assert {h.split(" [")[0] for h in heads[1:]} == {
+        "full checkpoint with rank0_only loaded: rank 0's the checkpoint",
+        "full checkpoint with rank0_only loaded: rank 1's, given nothing, neither kept nor the checkpoint",
+    }
+    assert heads[-1].startswith(
+        "full checkpoint with rank0_only loaded: rank 1's, given nothing, neither kept nor the checkpoint [b]"
+    )
+
+
+def test_whatever_rank0_only_loaded_is_a_finding_never_a_crash() -> None:
+    weights = _grads(3)
+    odd = {"w": torch.empty(5, 3, device="meta"), "b": weights["b"].double(), "stray": weights["b"][:1]}
+    found = Findings()
+    judge_rank0_only(found, _on_rank(1, loaded=odd, untouched={"w": weights["w"][:2]}), {"w", "b"})
+    judge_rank0_only(found, _on_rank(0, error="KeyError: 'w'"), {"w", "b"})
+    heads = [f.split("\n")[0] for f in found.failures]
+    assert found.crash is None
+    neither = "full checkpoint with rank0_only loaded: rank 1's, given nothing, neither kept nor the checkpoint"
+    assert any(h.startswith(f"{neither} [w]") for h in heads)  # on meta
+    assert any(h.startswith(f"{neither} [b]") for h in heads)  # float64
+    assert any("[stray]: present where eager has none" in h for h in heads)
+    assert heads[-1] == "full checkpoint with rank0_only loaded: Thunder raised KeyError"

@@ -38,8 +38,9 @@ from conformance.checks.record import Compared, Resumed, ScenarioRecord
 from conformance.rank.build import EagerModel, Recipe, compose
 from conformance.rank.clock import thunder_call
 from conformance.rank.eager import loss
-from conformance.rank.gather import cpu_copies, identical, on_every_rank, shard
+from conformance.rank.gather import cpu_copies, identical, local_copies, on_every_rank, padding_cleared, shard
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch
+from conformance.rank.scenarios.rank0_only import rank0_only
 from fixtures.optimizers import OPTIMIZERS
 
 RESUME_STEPS = 2  # the second AdamW step reads the optimizer state the first one made
@@ -60,7 +61,8 @@ def resume(
         dist.barrier()
         if rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
-    return ScenarioRecord("resume", resumed=resumed)
+    on_rank0 = rank0_only(recipe, eager_model, tm, _truth("full", eager_model, tm, rank, world), rank, world)
+    return ScenarioRecord("resume", resumed=resumed, rank0_only=on_rank0)
 
 
 def _round_trip(
@@ -75,9 +77,9 @@ def _round_trip(
         taken, api_error = _take(tm, options, rank)
     except Exception as exc:  # the module's own state dict method raised too
         return Resumed(kind, taken={}, truth=truth, error=f"{type(exc).__name__}: {exc}")
-    held = _local(taken)
+    held = local_copies(taken)
     if not full:
-        held = {n: _padding_cleared(t, truth.get(n), eager_model, n, rank) for n, t in held.items()}
+        held = {n: padding_cleared(t, truth.get(n), eager_model.shapes.get(n), rank) for n, t in held.items()}
     record = Resumed(kind, taken=held, truth=truth, api_error=api_error)
     # a buffer the ranks hold differently (running statistics of each rank's own batches): a
     # full checkpoint holds one value of it, which every rank then loads and goes on from
@@ -124,11 +126,6 @@ def _take(tm: Any, options: Any, rank: int) -> tuple[Tensors, str | None]:
     except Exception as exc:
         own = tm.original_state_dict() if options.full_state_dict else tm.state_dict()
         return cpu_copies(own.items()), f"{type(exc).__name__}: {exc}"
-
-
-def _local(state: dict[str, Any]) -> Tensors:
-    """CPU copies of a checkpoint's tensors, a DTensor's local shard for the DTensor."""
-    return cpu_copies((k, getattr(v, "_local_tensor", v)) for k, v in state.items() if isinstance(v, torch.Tensor))
 
 
 def _truth(kind: str, eager_model: EagerModel, tm: Any, rank: int, world: int) -> Tensors:
@@ -237,18 +234,3 @@ def _unlike_on_ranks(tm: Any) -> set[str]:
     mine = cpu_copies(tm.named_buffers())
     every = on_every_rank(mine)
     return {n for n, t in mine.items() if any(not identical(t, other.get(n)) for other in every)}
-
-
-def _padding_cleared(
-    held: torch.Tensor, truth: torch.Tensor | None, eager_model: EagerModel, name: str, rank: int
-) -> torch.Tensor:
-    """A shard with the rows past the parameter's end zeroed, as the kit's own shard pads:
-    what Thunder keeps in its padding is never read, so it is nobody's to check. A shard of
-    another shape is left as it is (the comparison names it)."""
-    full = eager_model.shapes.get(name)
-    if full is None or truth is None or held.shape != truth.shape or not held.dim():
-        return held
-    valid = max(0, min(held.shape[0], full[0] - rank * held.shape[0]))
-    cleared = held.clone()
-    cleared[valid:] = 0
-    return cleared
