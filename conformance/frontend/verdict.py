@@ -78,7 +78,7 @@ class Conformance:
                 pytest.fail("\n".join([*lines, repro]), pytrace=False)
             _raise_if_kit(cell, area, outcome, repro)
             names = _rank_names(cell, len(outcome.results))
-            head = f"cell {cell.id} did not run to completion{_thunder_raised(outcome)}"
+            head = f"cell {cell.id} did not run to completion{_lost(outcome, names) or _thunder_raised(outcome)}"
             pytest.fail(f"{head}\n{outcome.describe(names)}\n{repro}", pytrace=False)
         results = [a for a in answers if a is not None]
         unsupported = {r.unsupported for r in results if r.unsupported is not None}
@@ -181,7 +181,10 @@ class Conformance:
 
 
 def _raise_if_kit(cell: Cell, area: str, outcome: Outcome, repro: str) -> None:
-    """A rank whose task raised in the kit's own code (not in Thunder's) is the kit's failure."""
+    """A rank whose task raised in the kit's own code (not in Thunder's) is the kit's failure,
+    unless a rank died: a peer then raises wherever it was waiting on the dead one."""
+    if any(r.status == protocol.DIED for r in outcome.results):
+        return
     for r in outcome.culprits():
         if r.status == protocol.FAILED and (who := blame(r.frames)).owner == KIT:
             detail = f"{r.error or ''}\n{repro}"
@@ -195,6 +198,16 @@ def _thunder_raised(outcome: Outcome) -> str:
         if r.status == protocol.FAILED and (who := blame(r.frames)).owner == THUNDER:
             return f": Thunder raised at {who.frame}"
     return ""
+
+
+def _lost(outcome: Outcome, names: list[int]) -> str:
+    """The rank that went first, where one died or hung, and where it was in the cell (a
+    death or a stop explains a peer's raise, never the other way round)."""
+    first = outcome.culprits()[0]
+    if first.status == protocol.FAILED or (first.status == protocol.TIMEOUT and not first.stopped):
+        return ""
+    during = f" during {first.phase}" if first.phase else ""
+    return f": rank {names[first.rank]} {first.status}{during}"
 
 
 def _kit_message(cell: Cell, area: str, who: Blame, what: str, detail: str) -> str:

@@ -19,7 +19,7 @@ from conformance.checks.record import ModuleInit
 from conformance.checks.storages import tied_duplicates
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import SetupPlan, StateDictKind, plan
-from conformance.rank import measure
+from conformance.rank import measure, progress
 from conformance.rank.clock import thunder_call
 from conformance.rank.dropout import replace_output_dropout
 from conformance.rank.gather import Gathered, clones, gather, shard, snapshot
@@ -102,7 +102,8 @@ class EagerModel:
         """The Thunder module's full parameters (or gradients), by this model's names, each
         expected in the dtype of eager's."""
         dtypes = {n: p.dtype for n, p in self.module.named_parameters()}
-        return gather(tm, self.shapes, grads=grads, replicated=self.replicated, dtypes=dtypes)
+        with progress.phase("gathering gradients" if grads else "gathering parameters"):
+            return gather(tm, self.shapes, grads=grads, replicated=self.replicated, dtypes=dtypes)
 
     def kit_pointers(self) -> set[int]:
         """Storages the kit holds for the eager model: not the Thunder module's to account for."""
@@ -159,7 +160,7 @@ def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
     state = _state_dict(recipe.plan.handed_over, eager_model.module, rank, world)
     materialization_init = _materialization(recipe.plan, state)
     transforms = cell_transforms(recipe.cell, recipe.device)
-    with measure.measure(recipe.device) as setup, thunder_call():
+    with measure.measure(recipe.device) as setup, thunder_call("Thunder's transforms"):
         torch.manual_seed(SEED + (rank if recipe.init.broadcast else 0))
         model = inits.build(recipe.init, recipe.make, recipe.device, recipe.dtype)
         how = Setup(

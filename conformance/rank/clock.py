@@ -8,16 +8,19 @@ import contextlib
 import time
 from collections.abc import Iterator
 
+from conformance.rank import progress
+
 _spent = 0.0
 
 
 @contextlib.contextmanager
-def thunder_call() -> Iterator[None]:
-    """Time the block as the Thunder module's work."""
+def thunder_call(what: str = "a Thunder call") -> Iterator[None]:
+    """Time the block as the Thunder module's work; ``what`` names it as the rank's phase."""
     global _spent
     began = time.perf_counter()
     try:
-        yield
+        with progress.phase(what):
+            yield
     finally:
         _spent += time.perf_counter() - began
 

@@ -21,7 +21,7 @@ from conformance.checks.registry import AREAS, applies
 from conformance.checks.traces import final_traces
 from conformance.matrix.cells import Cell
 from conformance.matrix.plan import expects_reset_error
-from conformance.rank import clock, measure
+from conformance.rank import clock, measure, progress
 from conformance.rank.build import EagerModel, Recipe, Unsupported, build_eager_model, compose, recipe
 from conformance.rank.gather import clones, cpu_copies, identical, on_every_rank, rank_device
 from conformance.rank.scenarios import run_scenario
@@ -37,6 +37,7 @@ def run_cell(axes: dict[str, Any], declared: Sequence[str] = ()) -> dict[str, An
     built, as JSON for the controller. ``declared``: what the xfails file declares of the
     Thunder under test in this cell (conformance/checks/declared.py)."""
     cell = Cell(**axes)
+    progress.at("starting the cell")
     if cell.simulated:
         return run_simulated(cell, frozenset(declared)).to_json()
     areas = [area for name, area in AREAS.items() if applies(cell, name)]
@@ -49,6 +50,7 @@ def run_cell(axes: dict[str, Any], declared: Sequence[str] = ()) -> dict[str, An
         if not refused:
             raise
         return CellResult({area.name: judged(area.refusal, cell, exc) for area in areas}).to_json()
+    progress.at("checks")
     if refused:
         return CellResult({area.name: judged(area.refusal, cell, None) for area in areas}, run.timings).to_json()
     return CellResult({area.name: judged(area.check, run) for area in areas}, run.timings).to_json()
@@ -59,16 +61,22 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset()) -> CellRecord:
     rank, world = dist.get_rank(), dist.get_world_size()
     clock.restart()
     assert world == cell.world_size, f"cell wants {cell.world_size} ranks, the world has {world}"
+    progress.at("building the eager model")
     parts = recipe(cell, rank_device())
     eager_model = build_eager_model(parts)
+    progress.at("setup")
     composed = compose(parts, eager_model)
     tm = composed.thunder_module
+    progress.at("recording setup")
     alive_after_setup = measure.census(parts.device, eager_model.kit_pointers())
     setup = record_setup(parts, eager_model, tm)
+    progress.at("training")
     training = train(parts, eager_model, tm, rank, world)
     traces = final_traces(tm)  # before a scenario compiles a computation of its own
     offloading = offload_decision(composed.transforms)  # of the compilation those traces are
+    progress.at(f"scenario {cell.scenario}")
     scenario = run_scenario(cell.scenario, parts, eager_model, tm, training.optimizer, rank, world)
+    progress.at("state dict round trip")
     state_dict = round_trip_state_dict(parts, eager_model, tm)
     return CellRecord(
         cell=cell,

@@ -26,7 +26,7 @@ from conformance.checks.registry import AREAS, applies
 from conformance.checks.traces import final_traces
 from conformance.matrix.cells import Cell
 from conformance.matrix.simulated import sampled_ranks
-from conformance.rank import measure
+from conformance.rank import measure, progress
 from conformance.rank.build import EagerModel, Unsupported, compose, eager_module_inits, recipe
 
 DEVICE = torch.device("cpu")  # shards are real, on the CPU, whatever the session's backend
@@ -64,8 +64,10 @@ def drive(cell: Cell, rank: int, declared: frozenset[str] = frozenset()) -> Simu
     eager_model = EagerModel(
         module=meta, shapes={n: p.shape for n, p in meta.named_parameters()}, initial={}, setup_peak=0
     )
+    progress.at("setup")
     composed = compose(parts, eager_model)
     tm = composed.thunder_module
+    progress.at("forward and backward")
     alive = measure.census(DEVICE, set())
     began = time.perf_counter()
     generator = torch.Generator().manual_seed(rank)

@@ -21,6 +21,7 @@ from torch import nn
 from conformance.checks.findings import ThunderReturnedWrong
 from conformance.checks.record import MEASURED_STEP, ParametersAfter, Replicas, SavedTensor, StepRecord
 from conformance.checks.storages import distinct_storages
+from conformance.rank import progress
 from conformance.rank.buffers import PerRank
 from conformance.rank.build import SEED, EagerModel, Recipe
 from conformance.rank.clock import thunder_call
@@ -130,7 +131,7 @@ class _Lockstep:
         measured = step == MEASURED_STEP
         inputs = [self.recipe.fixture.make_input(generator(step, r), dtype).to(device) for r in range(self.world)]
         held_before = ledger.read()
-        with ledger.phase(settle=measured) as forward, thunder_call():
+        with ledger.phase(settle=measured) as forward, thunder_call("forward"):
             out = tm(inputs[rank])
         masks = None
         if self.replays:  # the eager models apply the masks the ranks' Thunder modules drew
@@ -153,7 +154,7 @@ class _Lockstep:
         if (wrong := unweighable(out, ref_outs[rank])) is not None:
             raise ThunderReturnedWrong(f"step {step}: the Thunder module's output {wrong}")
         output = out.detach().clone().cpu()
-        with ledger.phase() as backward, thunder_call():
+        with ledger.phase() as backward, thunder_call("backward"):
             rank_loss = loss(out, cotangents[rank])
             rank_loss.backward()
             del out, rank_loss  # the kit's last references to the forward's result
@@ -182,7 +183,7 @@ class _Lockstep:
         twin_grads = None if twin is None else snapshot(twin, grads=True)
         thunder_opt = optimizers[0]
         held_before_step = ledger.read()
-        with ledger.phase() as optimizer_step, thunder_call():
+        with ledger.phase() as optimizer_step, thunder_call("optimizer step"):
             thunder_opt.step()
         with measure(device) as twin_step:
             optimizers[-1].step()
@@ -192,7 +193,7 @@ class _Lockstep:
             if o is not None:
                 o.step()
                 o.zero_grad(set_to_none=True)
-        with ledger.phase(), thunder_call():
+        with ledger.phase(), thunder_call("zero_grad"):
             thunder_opt.zero_grad(set_to_none=True)
         training.held_after_step.append(ledger.read(thorough=True))
         self.eager_buffers.hold(rank)
@@ -250,7 +251,8 @@ def train(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: in
         training.optimizer = optimizers[0]
         for _ in range(STEPS):
             began = time.perf_counter()
-            lockstep.step(step, opt_name, optimizers)
+            with progress.phase(f"step {step} ({opt_name})"):
+                lockstep.step(step, opt_name, optimizers)
             training.timings[f"step{step}_s"] = time.perf_counter() - began
             step += 1
     return training

@@ -54,14 +54,20 @@ class Outcome:
         return [r.value for r in self.results]
 
     def culprits(self) -> list[protocol.RankResult]:
-        return sorted((r for r in self.results if not r.ok), key=lambda r: (_BLAME_ORDER[r.status], r.rank))
+        # of ranks that timed out, one found stopped is why the others waited
+        return sorted(
+            (r for r in self.results if not r.ok), key=lambda r: (_BLAME_ORDER[r.status], not r.stopped, r.rank)
+        )
 
     def describe(self, names: list[int] | None = None) -> str:
         """Each culprit's evidence; ``names``: what to call each process's rank, where it
         stood for another (a simulated world's sampled ranks)."""
         parts = []
         for r in self.culprits():
-            parts.append(f"--- rank {names[r.rank] if names else r.rank}: {r.status} after {r.duration:.1f}s ---")
+            during = f" during {r.phase}" if r.phase else ""
+            parts.append(
+                f"--- rank {names[r.rank] if names else r.rank}: {r.status} after {r.duration:.1f}s{during} ---"
+            )
             for title, body in (("error", r.error), ("stacks", r.stacks), ("log tail", r.log_tail)):
                 if body and body.strip():
                     parts.append(f"[{title}]\n{body.rstrip()}")
@@ -250,6 +256,8 @@ class World:
             if not r.ok:
                 r.duration = r.duration or duration
                 r.log_tail = self._log_tail(r)
+                if r.status != protocol.FAILED:  # a failed rank's traceback says where it was
+                    r.phase = self._phase(r.rank)
         return Outcome([results[r] for r in range(self.size)], duration, 0.0)
 
     def _log_tail(self, result: protocol.RankResult) -> str | None:
@@ -257,6 +265,16 @@ class World:
             where = f"{self.nodes.name(self.remote[result.rank])}: {self._remote_logs[result.rank]}"
             return result.log_tail or f"(this rank's log is on {where})"
         return procs.tail(self._dir / f"rank{result.rank}.log") if self._dir else None
+
+    def _phase(self, rank: int) -> str | None:
+        """What the rank's task last said it was doing (None: nothing, or another node's rank)."""
+        if self._dir is None or rank in self.remote:
+            return None
+        try:
+            said = Path(protocol.phase_file(str(self._dir), rank)).read_text(errors="replace").strip()
+        except OSError:
+            return None
+        return said or None
 
     def _pending(self, results: dict[int, protocol.RankResult]) -> list[int]:
         return [r for r in range(self.size) if r not in results]
@@ -266,7 +284,9 @@ class World:
         pending = self._pending(results)
         stacks = self._collect_stacks(pending)
         for rank in pending:
-            results[rank] = protocol.RankResult(rank, status, error=why, stacks=stacks.get(rank))
+            halted = rank in self._pids and procs.stopped(self._pids[rank])
+            said = f"{why}: the rank process was stopped (SIGSTOP), not running" if halted else why
+            results[rank] = protocol.RankResult(rank, status, error=said, stacks=stacks.get(rank), stopped=halted)
         self.kill()
 
     def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:

@@ -45,6 +45,15 @@ def process_state(pid: int) -> tuple[bool, int | None]:
     return True, None
 
 
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, a debugger): alive, and never going to answer."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("T", "t")
+    except (OSError, IndexError):  # gone, or no /proc (macOS): not known to be stopped
+        return False
+
+
 def describe_exit(status: int | None) -> str:
     if status is None:
         return "the rank process exited (its exit status was already reaped)"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import traceback
 from typing import Any
 
@@ -20,6 +21,15 @@ ENV_CONTROL = "CONFORMANCE_CONTROL"  # "host:port" of the control store
 ENV_WORLD_DIR = "CONFORMANCE_WORLD_DIR"  # per-world folder for rank logs and stack dumps
 ENV_BACKEND = "CONFORMANCE_BACKEND"  # "gloo" or "nccl", already resolved, or NO_GROUP
 ENV_NODE = "CONFORMANCE_NODE"  # across machines: the node (0: the controller's) that started this rank
+# the file a rank's task writes its phase to (the rank loop sets it per rank; a rank side
+# names its phases there, conformance/rank/progress.py), read when the rank cannot answer
+ENV_PHASE = "CONFORMANCE_PHASE_FILE"
+
+
+def phase_file(world_dir: str, rank: int) -> str:
+    return os.path.join(world_dir, f"rank{rank}.phase")
+
+
 # A world whose processes join no process group at launch: its tasks make their own (a
 # simulated world's join torch's fake group as the rank each stands for).
 NO_GROUP = "none"
@@ -95,6 +105,9 @@ class RankResult:
     # where the task raised, outermost first: {"file", "line", "function"} per frame, so that
     # the front end can tell whose code raised without reading the traceback's text
     frames: list[dict[str, Any]] | None = None
+    # where a rank that could not answer was in its task (its phase file), e.g. "training / step 1 (SGD) / backward"
+    phase: str | None = None
+    stopped: bool = False  # the controller found the process stopped (SIGSTOP), not running
 
     def encode(self) -> str:
         return json.dumps(dataclasses.asdict(self))

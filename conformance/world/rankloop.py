@@ -145,6 +145,7 @@ def main() -> int:
     host, _, port = os.environ[protocol.ENV_CONTROL].rpartition(":")
 
     _redirect_output(world_dir, rank)
+    os.environ[protocol.ENV_PHASE] = protocol.phase_file(world_dir, rank)
     faulthandler.enable()  # segfaults and aborts print the Python stack into the rank log
     stacks = open(os.path.join(world_dir, f"rank{rank}.stacks"), "a")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
@@ -174,6 +175,8 @@ def main() -> int:
         task = protocol.Task.decode(channel.get(key))
         if task.fn == protocol.SHUTDOWN:
             break
+        with open(protocol.phase_file(world_dir, rank), "w"):  # the last task's phase is not this one's
+            pass
         channel.set(protocol.result_key(seq, rank), _run(task, rank).encode())
         seq += 1
     if dist.is_initialized():

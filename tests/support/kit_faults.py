@@ -67,10 +67,40 @@ FAULTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
 }
 
 
-def run_cell_with_fault(fault: str, axes: dict[str, Any], declared: Sequence[str] = ()) -> dict[str, Any]:
+@contextlib.contextmanager
+def rank_lost(phase: str, how: str) -> Iterator[None]:
+    """Rank 1 is lost the moment its task enters a phase whose name holds ``phase`` (as
+    conformance/rank/progress.py names it, already written for the controller): killed
+    (``how="kill"``, SIGKILL) or stopped (``"stop"``, SIGSTOP: it hangs past the cell timeout)."""
+    from conformance.rank import progress
+
+    write = progress._write
+
+    def written() -> None:
+        write()
+        if int(os.environ["RANK"]) == 1 and phase in progress.current():
+            os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(progress, "_write", written)
+        yield
+
+
+# the fault that takes its phase from the cell: the pytest process names, per cell id, the
+# phase and how rank 1 is lost there (JSON in this variable); a cell it does not name runs clean
+LOST_AT_ENV = "CONFORMANCE_LOST_AT"
+
+
+def run_cell_with_fault(
+    fault: str, axes: dict[str, Any], declared: Sequence[str] = (), lost_at: Sequence[str] | None = None
+) -> dict[str, Any]:
     from conformance.rank.entry import run_cell
 
-    with FAULTS[fault]():
+    if fault == "rank_lost":
+        planted = rank_lost(*lost_at) if lost_at else contextlib.nullcontext()
+    else:
+        planted = FAULTS[fault]()
+    with planted:
         return run_cell(axes, declared)
 
 

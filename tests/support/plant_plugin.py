@@ -4,6 +4,7 @@ CONFORMANCE_KIT_FAULT set, with that fault of the kit itself (tests/support/kit_
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 
@@ -27,8 +28,10 @@ def pytest_configure(config: pytest.Config) -> None:
         runner.probe_task = protocol.Task("tests.support.kit_faults:probe_with_fault", payload)
         return
     if fault is not None:
+        lost_at = json.loads(os.environ.get(kit_faults.LOST_AT_ENV, "{}"))
         runner.cell_task = lambda cell: protocol.Task(
-            "tests.support.kit_faults:run_cell_with_fault", {"fault": fault, **runner.cell_payload(cell)}
+            "tests.support.kit_faults:run_cell_with_fault",
+            {"fault": fault, "lost_at": lost_at.get(cell.id), **runner.cell_payload(cell)},
         )
         return
     bug = os.environ[ENV]

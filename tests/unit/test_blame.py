@@ -110,3 +110,41 @@ def test_an_output_no_loss_can_weigh_is_thunders_non_conformance_not_the_kits() 
         error = "".join(traceback.format_exception(exc))
     assert returned_wrong(error) == "step 0: the Thunder module's output has shape (4, 10), eager's (4, 8)"
     assert returned_wrong("Traceback ...\nRuntimeError: boom") is None and returned_wrong(None) is None
+
+
+def test_a_rank_lost_is_why_its_peer_raised_never_the_kit() -> None:
+    """Rank 1 died (or was stopped) while rank 0 waited on it in the kit's own gathering:
+    rank 0's raise is the death's consequence. The item fails naming rank 1 and where it was,
+    never as the kit's error; a stopped rank is blamed before a peer that only timed out."""
+    import types
+
+    import pytest
+
+    from conformance.frontend.verdict import Conformance
+    from conformance.matrix.cells import Cell
+    from conformance.world import protocol
+    from conformance.world.controller import Outcome
+    from tests.unit.test_runner_probe import StandInWorld, make_runner
+
+    gathering = [frame(str(ROOT / "conformance" / "rank" / "gather.py"), "on_every_rank"), frame(C10D, "all_gather")]
+    cell = Cell("mlp", "real", "fsdp_jit")
+    lost = {
+        "died": [
+            protocol.RankResult(0, protocol.FAILED, error="RuntimeError: Connection closed by peer", frames=gathering),
+            protocol.RankResult(1, protocol.DIED, error="killed by signal SIGKILL", phase="recording setup"),
+        ],
+        "timeout": [
+            protocol.RankResult(0, protocol.TIMEOUT, error="no result", phase="training / step 0 (SGD) / backward"),
+            protocol.RankResult(1, protocol.TIMEOUT, error="no result: stopped", phase="scenario train", stopped=True),
+        ],
+    }
+    for status, results in lost.items():
+        runner = make_runner(StandInWorld(2, None))
+        runner.outcomes[cell.id] = Outcome(results, 1.0, 0.0)
+        node = types.SimpleNamespace(nodeid=f"conformance/test_numerics.py::test_numerics[{cell.id}]")
+        with pytest.raises(pytest.fail.Exception) as verdict:
+            Conformance(runner, node).expect(cell, "numerics", record=False)
+        head, *rest = str(verdict.value).splitlines()
+        where = results[1].phase
+        assert head == f"cell {cell.id} did not run to completion: rank 1 {status} during {where}"
+        assert rest[0] == f"--- rank 1: {status} after 0.0s during {where} ---"

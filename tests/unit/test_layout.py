@@ -244,3 +244,12 @@ def test_the_zygote_preloads_what_ranks_import_inside_functions() -> None:
     assert proc.returncode == 0, proc.stderr
     missing = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not missing, f"imported by every forked rank again: {missing} (runner.RANK_IMPORTS)"
+
+
+def test_the_rank_side_and_the_world_name_one_phase_file() -> None:
+    """conformance/rank/progress.py may not import the world (layers above), so it spells the
+    variable the rank loop sets: the two spellings must stay one."""
+    from conformance.rank import progress
+    from conformance.world import protocol
+
+    assert progress.ENV == protocol.ENV_PHASE

@@ -1,0 +1,52 @@
+"""Where this rank is in its task, for the controller's account of a rank that died or hung
+("rank 1: died ... during training / step 1 (SGD) / backward").
+
+The rank side names its phases here; each change is written to the file the rank loop names
+in ``$CONFORMANCE_PHASE_FILE`` (``conformance.world.protocol.ENV_PHASE``), which the
+controller reads when a rank cannot answer. A file rather than the control store: a write
+costs microseconds and no round trip, and it outlives the process that wrote it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+ENV = "CONFORMANCE_PHASE_FILE"
+
+_stack: list[str] = []
+
+
+def at(name: str) -> None:
+    """The task's next top-level phase (what came before it has ended)."""
+    _stack[:] = [name]
+    _write()
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """A phase inside the current one, for the block."""
+    _stack.append(name)
+    _write()
+    try:
+        yield
+    finally:
+        _stack.pop()
+        _write()
+
+
+def current() -> str:
+    return " / ".join(_stack)
+
+
+def _write() -> None:
+    path = os.environ.get(ENV)
+    if not path:  # not in a world's rank (a kit test calling the rank side in-process)
+        return
+    with contextlib.suppress(OSError):  # an account for a failure must never cause one
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, current().encode())
+        finally:
+            os.close(fd)
