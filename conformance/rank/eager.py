@@ -28,7 +28,8 @@ def loss(out: torch.Tensor, cotangent: torch.Tensor) -> torch.Tensor:
 
 def unweighable(out: object, expected: torch.Tensor) -> str | None:
     """Why the Thunder module's output cannot be weighed by the loss eager's output is, if it
-    cannot: not a tensor, or another shape, dtype or device than eager's output."""
+    cannot: not a tensor, another shape, dtype or device than eager's output, or one no op
+    can read."""
     if not isinstance(out, torch.Tensor):
         return f"is a {type(out).__name__}, eager's a tensor of shape {tuple(expected.shape)}"
     for what, got, want in (
@@ -38,6 +39,10 @@ def unweighable(out: object, expected: torch.Tensor) -> str | None:
     ):
         if got != want:
             return f"has {what} {got}, eager's {want}"
+    try:  # the loss and the kit's copy read its values
+        out.detach()
+    except Exception as exc:
+        return f"cannot be read: {type(exc).__name__}: {exc}"
     return None
 
 

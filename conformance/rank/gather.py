@@ -83,11 +83,12 @@ def gather(
     Never crashes on what Thunder left: a tensor of the wrong shape, dtype or device, or on
     the meta device, is gathered as NaN of what this rank should hold (so that the ranks
     still issue the same collectives) and named in the result's ``defects``."""
-    params = {name: tm.get_parameter(name) for name in shapes}
+    params = {name: _parameter(tm, name) for name in shapes}
     present = set(shapes)
     device = rank_device()
     if grads:
-        have = torch.tensor([p.grad is not None for p in params.values()], dtype=torch.int32, device=device)
+        have = [p is not None and p.grad is not None for p in params.values()]
+        have = torch.tensor(have, dtype=torch.int32, device=device)
         dist.all_reduce(have)
         present = {name for name, n in zip(params, have.tolist(), strict=True) if n}
     out: dict[str, torch.Tensor] = {}
@@ -97,15 +98,29 @@ def gather(
         if name not in present:
             continue
         p = params[name]
-        t = p.grad if grads else p
+        t = None if p is None else p.grad if grads else p
         local = _local_shape(shape, world, replicated)
-        dtype = (dtypes or {}).get(name, p.dtype)
-        wrong = "no gradient" if t is None else _defect(t, local, dtype, device)
+        dtype = (dtypes or {}).get(name, torch.float32 if p is None else p.dtype)
+        absent = "missing from the Thunder module" if p is None else "no gradient"
+        wrong = absent if t is None else _defect(t, local, dtype, device)
+        if wrong is None:
+            try:  # before any collective: a rank that cannot read its part still sends NaN
+                t = t.detach().contiguous()
+            except Exception as exc:
+                wrong = f"a torch op on it raised {type(exc).__name__}: {exc}"
         if wrong is not None:
             defects[name] = wrong
             t = torch.full(local, float("nan"), dtype=dtype, device=device)
         out[name] = t.detach().cpu().clone() if replicated else unshard(t, shape)
     return Gathered(out, _merged_over_ranks(defects, device))
+
+
+def _parameter(tm: Any, name: str) -> Any:
+    """The Thunder module's parameter ``name``, None where it has none."""
+    try:
+        return tm.get_parameter(name)
+    except AttributeError:
+        return None
 
 
 def _merged_over_ranks(defects: dict[str, str], device: torch.device) -> dict[str, str]:
@@ -135,10 +150,13 @@ def cpu_copies(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Ten
 
 def cpu_copy(t: torch.Tensor) -> torch.Tensor:
     """A detached CPU copy. A tensor Thunder left on the meta device (the materialization area
-    names where each tensor is) has no values to copy: its copy holds NaN, or the dtype's
-    lowest value, which no comparison takes for the value eager holds."""
+    names where each tensor is), or one whose copy raises, has no values to copy: its copy
+    holds NaN, or the dtype's lowest value, which no comparison takes for the value eager holds."""
     if not t.is_meta:
-        return t.detach().cpu().clone()
+        try:
+            return t.detach().cpu().clone()
+        except Exception:  # a torch op on what Thunder made raised: it has no values either
+            pass
     if t.is_floating_point() or t.is_complex():
         return torch.full(t.shape, float("nan"), dtype=t.dtype)
     return torch.full(t.shape, False if t.dtype == torch.bool else torch.iinfo(t.dtype).min, dtype=t.dtype)
