@@ -35,6 +35,7 @@ from conformance.checks.memory import zero3_saves_no_gathered
 from conformance.checks.memory_terms import terms
 from conformance.checks.record import CellRecord
 from conformance.checks.storages import allocations
+from conformance.checks.traces import MISSING
 from fixtures.offloads import POLICIES
 from transforms.policies import proxy_bytes
 
@@ -78,6 +79,10 @@ def check(run: CellRecord) -> Findings:
     policy = POLICIES[run.cell.offload]
     traces = run.traces
     forward, backward = traces.forward, traces.backward
+    if forward is None or backward is None:  # nothing to read the plan from
+        phase = "forward" if forward is None else "backward"
+        found.failures.append(f"saved tensors offloaded: {MISSING.format(phase)}")
+        return found
     autograd_saved = run.memory.saved
     offloads = {b.output.name: (i, b) for i, b in enumerate(forward.bound_symbols) if b.sym.id == offload.id}
     final_saved, saved = saved_without_offloading(forward)

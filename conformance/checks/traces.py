@@ -20,10 +20,18 @@ class FinalTraces:
 
 
 def final_traces(thunder_module: Any) -> FinalTraces:
-    """The forward and backward traces Thunder last executed for the module."""
+    """The forward and backward traces Thunder last executed for the module (None for a phase
+    it kept none of: each area that reads it says so)."""
     import thunder
 
-    return FinalTraces(thunder.last_traces(thunder_module)[-1], thunder.last_backward_traces(thunder_module)[-1])
+    return FinalTraces(_last(thunder.last_traces(thunder_module)), _last(thunder.last_backward_traces(thunder_module)))
+
+
+def _last(traces: Any) -> Any:
+    return traces[-1] if traces else None
+
+
+MISSING = "Thunder kept no {} trace for the module"
 
 
 @functools.cache

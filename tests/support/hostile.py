@@ -9,6 +9,7 @@ missing), an entry the eager model does not have, or a tensor whose every torch 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +24,10 @@ PLACES: dict[str, tuple[str, ...]] = {
     "buffer": ("meta", "float64", "short", "nan", "missing", "extra", "raise"),
     "original_state_dict": ("meta", "float64", "short", "nan", "missing", "extra", "raise"),
     "output": ("meta", "float64", "short", "flat", "nan", "inf", "raise"),
+    # Thunder's record of what it ran: none kept, or one with no bound symbols (``stripped``)
+    "trace": ("missing", "stripped"),
 }
+TRACE_GETTERS = {"forward": "last_traces", "backward": "last_backward_traces"}
 EXTRA = "stray_tensor_thunder_added"
 
 
@@ -81,6 +85,25 @@ def corrupt(t: torch.Tensor, way: str) -> Any:
     if way == "raise":
         return t.clone().as_subclass(Raising)
     return None  # "none", "missing": absent
+
+
+@contextlib.contextmanager
+def traces_wrong(wrong: Wrong) -> Iterator[None]:
+    """Thunder's record of the ``wrong.name`` trace made wrong while the block runs."""
+    import pytest
+    import thunder
+    from thunder.core.trace import from_trace
+
+    getter = TRACE_GETTERS[wrong.name]
+    real = getattr(thunder, getter)
+
+    def recorded(module: Any) -> list[Any]:
+        kept = real(module)
+        return [] if wrong.way == "missing" else [from_trace(kept[-1])]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(thunder, getter, recorded)
+        yield
 
 
 class _Held:

@@ -5,9 +5,10 @@ side's reader of that thing runs on the proxy, its result takes the place of the
 record's, and every check area judges the record: no area may crash (the kit's error), and
 some finding the clean record did not have must name what was wrong.
 
-The readers are every place the rank side reads what Thunder made after setup: the setup
+The readers are the places the rank side reads what Thunder made after setup: the setup
 record, the weights and the gradients it gathers, the buffers after a step, the state dict's
-round trip, and the forward's output. Each is drawn by hypothesis with a place, a name there
+round trip, the final traces, and the forward's output (the resume scenario's checkpoints
+and the memory census are not among them yet). Each is drawn by hypothesis with a place, a name there
 and a way (``READERS`` below: every reader is its own test, so each one is reached).
 """
 
@@ -28,12 +29,13 @@ from hypothesis import strategies as st
 from conformance.checks.findings import Findings, ThunderReturnedWrong, judged
 from conformance.checks.record import CellRecord
 from conformance.checks.registry import AREAS, applies
+from conformance.checks.traces import final_traces
 from conformance.matrix.cells import Cell
 from conformance.rank import entry
 from conformance.rank.build import EagerModel, Recipe
 from conformance.rank.eager import loss, unweighable
 from conformance.rank.gather import cpu_copies
-from tests.support.hostile import EXTRA, PLACES, Hostile, Wrong
+from tests.support.hostile import EXTRA, PLACES, TRACE_GETTERS, Hostile, Wrong, traces_wrong
 
 COMPOSITIONS = ("fsdp_jit", "ddp_jit")
 MODEL = "root_owned"  # parameters on the root and in children, a persistent buffer, a BatchNorm's statistics
@@ -123,6 +125,11 @@ def read_state_dict(c: Clean, h: Hostile) -> CellRecord:
     return dataclasses.replace(c.run, state_dict=entry.round_trip_state_dict(c.parts, c.eager_model, h))
 
 
+def read_traces(c: Clean, h: Hostile) -> CellRecord:
+    with traces_wrong(h._wrong):
+        return dataclasses.replace(c.run, traces=final_traces(h))
+
+
 # reader -> the places it reads
 READERS: dict[str, tuple[Callable[[Clean, Hostile], CellRecord], tuple[str, ...]]] = {
     "setup": (read_setup, ("parameter", "buffer")),
@@ -130,12 +137,15 @@ READERS: dict[str, tuple[Callable[[Clean, Hostile], CellRecord], tuple[str, ...]
     "gradients": (read_gradients, ("gradient",)),
     "buffers": (read_buffers, ("buffer",)),
     "state_dict": (read_state_dict, ("original_state_dict", "parameter", "buffer")),
+    "traces": (read_traces, ("trace",)),
 }
 
 
 def _names(c: Clean, place: str) -> list[str]:
     if place in ("parameter", "gradient"):
         return sorted(c.grads if place == "gradient" else dict(c.tm.named_parameters()))
+    if place == "trace":
+        return sorted(TRACE_GETTERS)
     if place == "buffer":
         return sorted(dict(c.tm.named_buffers()))
     # under a name eager's state dict has (the pin's root-owned entries carry a leading dot:
@@ -188,7 +198,7 @@ def test_whatever_thunder_returns_is_a_finding_naming_it(reader: str) -> None:
     given(wrongs(reader))(_QUICK(lambda drawn: judge_hostile(reader, *drawn)))()
 
 
-@pytest.mark.slow  # up to 125 draws per reader (buffers exhaust at 48 distinct): 548 in all
+@pytest.mark.slow  # up to 125 draws per reader (buffers exhaust at 48 distinct, traces at 8): 556 in all
 @pytest.mark.parametrize("reader", list(READERS))
 def test_whatever_thunder_returns_is_a_finding_naming_it_many_draws(reader: str) -> None:
     given(wrongs(reader))(_MANY(lambda drawn: judge_hostile(reader, *drawn)))()
