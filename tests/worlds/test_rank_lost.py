@@ -34,7 +34,7 @@ PHASES = [
     ("checks", "kill"),
     ("backward", "stop"),
 ]
-CELL_TIMEOUT = 60  # the stopped rank's cell ends here; a clean cheap cell takes a few seconds
+CELL_TIMEOUT = 40  # the stopped rank's cell ends here; a clean cheap cell takes a few seconds
 
 
 def test_a_rank_lost_at_each_phase_fails_that_cell_alone_naming_rank_and_phase(tmp_path) -> None:
