@@ -159,6 +159,8 @@ class Conformance:
         names = _rank_names(cell, len(outcome.results))
         for r, answer in zip(outcome.results, answers, strict=True):
             entry = {"rank": names[r.rank], "status": r.status}
+            if r.phase:  # where a rank that could not answer was
+                entry["phase"] = r.phase
             if answer is not None and area in answer.areas:
                 entry["failures"] = answer.areas[area].failures
                 entry["status"] = protocol.FAILED if entry["failures"] else protocol.PASSED

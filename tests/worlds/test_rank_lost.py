@@ -74,6 +74,7 @@ def test_a_rank_lost_at_each_phase_fails_that_cell_alone_naming_rank_and_phase(t
             assert "the kit broke" not in item["message"]
             if how == "kill":  # the dead rank is the first culprit: the first line says where it was
                 assert "did not run to completion: rank 1 died during " in head and phase in head, head
+            assert phase in next(r for r in item["ranks"] if r["rank"] == 1)["phase"]
             assert any(
                 line.startswith(f"--- rank 1: {status} after ") and phase in line
                 for line in item["message"].splitlines()
