@@ -190,7 +190,7 @@ def judge_hostile(reader: str, composition: str, wrong: Wrong) -> None:
 
 
 _QUICK = settings(max_examples=12, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
-_MANY = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+_MANY = settings(max_examples=100, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @pytest.mark.parametrize("reader", list(READERS))
