@@ -136,8 +136,10 @@ def early_verdict(cells: Sequence[Cell], seconds: Seconds, failed_before: Collec
     tail = _greedy(_left(rest, taken), combinations_of, seconds, after) if len(rest) <= GREEDY_LIMIT else []
     tail += _left(rest, [*taken, *tail])  # nothing new to meet: the profile's order
     main = _mainworld_of(cells)
-    stages = [_in_blocks(stage, main) for stage in (history, prefix, contract, tail)]
-    run = _small_worlds_whole([c for stage in stages for c in stage], main, seconds)
+    # each stage with every other world's cells as one block, then small worlds whole over the run
+    stages = [_in_blocks(stage, {world_of(c) for c in stage} - {main}) for stage in (history, prefix, contract, tail)]
+    staged = [c for stage in stages for c in stage]
+    run = _in_blocks(staged, _small_worlds(staged, main, seconds))
     # each stage ends where its last cell now is (small worlds' cells pulled forward count in it)
     where = {c.id: i for i, c in enumerate(run)}
     ends = [max((where[c.id] + 1 for c in stage), default=0) for stage in stages[:3]]
@@ -168,20 +170,20 @@ def _mainworld_of(cells: Sequence[Cell]) -> tuple[int, bool] | None:
     return max(counts, key=lambda w: (counts[w], w == world_of(cells[0]))) if counts else None
 
 
-def _in_blocks(stage: Sequence[Cell], main: tuple[int, bool] | None) -> list[Cell]:
-    """One stage with the cells of every world but the main one as one block where the first
-    of them falls: such a world then starts at most once a stage and is done (a run keeps one
-    idle world, ``--max-idle-worlds 1``: the main one waits meanwhile), instead of starting
-    again each time the order comes back to it."""
+def _in_blocks(cells: Sequence[Cell], worlds: Collection[tuple[int, bool]]) -> list[Cell]:
+    """``cells`` with those of each world in ``worlds`` as one block where the first of them
+    falls: such a world then starts once in ``cells`` and is done (a run keeps one idle world,
+    ``--max-idle-worlds 1``: the main one waits meanwhile), instead of starting again each
+    time the order comes back to it."""
     out: list[Cell] = []
     placed: set[tuple[int, bool]] = set()
-    for c in stage:
+    for c in cells:
         world = world_of(c)
-        if world == main:
+        if world not in worlds:
             out.append(c)
         elif world not in placed:
             placed.add(world)
-            out += [d for d in stage if world_of(d) == world]
+            out += [d for d in cells if world_of(d) == world]
     return out
 
 
@@ -192,22 +194,12 @@ def _in_blocks(stage: Sequence[Cell], main: tuple[int, bool] | None) -> list[Cel
 SMALL_WORLD_SHARE = 0.05
 
 
-def _small_worlds_whole(run: Sequence[Cell], main: tuple[int, bool] | None, seconds: Seconds) -> list[Cell]:
-    total = sum(seconds(c) for c in run) or 1.0
+def _small_worlds(run: Sequence[Cell], main: tuple[int, bool] | None, seconds: Seconds) -> set[tuple[int, bool]]:
     per_world: dict[tuple[int, bool], float] = {}
     for c in run:
         per_world[world_of(c)] = per_world.get(world_of(c), 0.0) + seconds(c)
-    small = {w for w, s in per_world.items() if w != main and s <= SMALL_WORLD_SHARE * total}
-    out: list[Cell] = []
-    placed: set[tuple[int, bool]] = set()
-    for c in run:
-        world = world_of(c)
-        if world not in small:
-            out.append(c)
-        elif world not in placed:
-            placed.add(world)
-            out += [d for d in run if world_of(d) == world]
-    return out
+    total = sum(per_world.values()) or 1.0
+    return {w for w, s in per_world.items() if w != main and s <= SMALL_WORLD_SHARE * total}
 
 
 def met_by(cells: Iterable[Cell]) -> frozenset[Hashable]:
