@@ -100,6 +100,15 @@ class Findings:
         return dataclasses.asdict(self)
 
 
+def identical(a: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """Whether ``b`` is ``a``: the same shape, dtype and values, bit for bit (False where the
+    two cannot be compared: one on ``meta``, say)."""
+    try:
+        return b is not None and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    except Exception:  # what Thunder handed over may be anything: not the same, then
+        return False
+
+
 def _worst_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """The largest absolute difference; infinite where there is none to take (NaN, values on
     another device, ``meta``: assert_close has named what is wrong)."""

@@ -17,10 +17,8 @@ land on rank 0 and leave every other rank's tensors as they were or give them ra
 
 from __future__ import annotations
 
-import torch
-
 from conformance.checks.area import Area
-from conformance.checks.findings import Findings
+from conformance.checks.findings import Findings, identical
 from conformance.checks.record import CellRecord, RankZeroOnly, Resumed, Tensors
 from conformance.checks.storages import tied_duplicates
 
@@ -104,18 +102,10 @@ def judge_rank0_only(found: Findings, record: RankZeroOnly, eager_keys: set[str]
         found.failures.append(f"{what} loaded: Thunder raised {record.error.split(':', 1)[0]}\n{record.error}")
         return
     kept = record.rank != 0 and record.loaded.keys() == record.untouched.keys()
-    if kept and all(_same(t, record.untouched[n]) for n, t in record.loaded.items()):
+    if kept and all(identical(t, record.untouched[n]) for n, t in record.loaded.items()):
         return
     whose = "rank 0's" if record.rank == 0 else f"rank {record.rank}'s, given nothing, neither kept nor"
     found.close(f"{what} loaded: {whose} the checkpoint", record.loaded, record.checkpoint, rtol=0.0, atol=0.0)
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit for bit equal; False for anything that is not two comparable tensors."""
-    try:
-        return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
-    except Exception:  # what Thunder handed over may be anything: not the same, then
-        return False
 
 
 AREA = Area("state_dict", check)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from conformance.checks import draws
-from conformance.checks.findings import CellResult, judged
+from conformance.checks.findings import CellResult, identical, judged
 from conformance.checks.record import CellRecord, MemoryRecord, SetupRecord, StateDictRecord
 from conformance.checks.registry import AREAS, applies
 from conformance.checks.traces import final_traces
@@ -23,7 +23,7 @@ from conformance.matrix.cells import Cell
 from conformance.matrix.plan import expects_reset_error
 from conformance.rank import clock, measure, progress
 from conformance.rank.build import EagerModel, Recipe, Unsupported, build_eager_model, compose, recipe
-from conformance.rank.gather import clones, cpu_copies, identical, on_every_rank, rank_device
+from conformance.rank.gather import clones, cpu_copies, on_every_rank, rank_device
 from conformance.rank.scenarios import run_scenario
 from conformance.rank.simulate import run_simulated
 from conformance.rank.train import generator, train

@@ -190,11 +190,6 @@ def on_every_rank(values: dict[str, Any]) -> list[dict[str, Any]]:
     return every
 
 
-def identical(a: torch.Tensor, b: torch.Tensor | None) -> bool:
-    """Whether ``b`` is ``a``: the same shape, dtype and values."""
-    return b is not None and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
-
-
 def clones(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Detached copies on the tensors' own devices."""
     return {k: v.detach().clone() for k, v in sd.items()}

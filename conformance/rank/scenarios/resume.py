@@ -34,11 +34,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from conformance.checks.findings import identical
 from conformance.checks.record import Compared, Resumed, ScenarioRecord
 from conformance.rank.build import EagerModel, Recipe, compose
 from conformance.rank.clock import thunder_call
 from conformance.rank.eager import loss
-from conformance.rank.gather import cpu_copies, identical, local_copies, on_every_rank, padding_cleared, shard
+from conformance.rank.gather import cpu_copies, local_copies, on_every_rank, padding_cleared, shard
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch
 from conformance.rank.scenarios.rank0_only import rank0_only
 from fixtures.optimizers import OPTIMIZERS
