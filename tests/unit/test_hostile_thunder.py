@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -63,14 +63,20 @@ class Clean:
                 t.copy_(self.state[n])
 
 
-@functools.cache
-def _world() -> None:
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one() -> Iterator[None]:
+    """One gloo rank in this process for the module's tests, gone after them (other modules of
+    the same xdist worker start their own), and the cells driven in it with it."""
     dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        clean.cache_clear()
+        dist.destroy_process_group()
 
 
 @functools.cache
 def clean(composition: str) -> Clean:
-    _world()
     cell = Cell(MODEL, "real", composition, world_size=1)
     captured: dict[str, Any] = {}
     compose = entry.compose
