@@ -130,7 +130,7 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
             assert not twice, f"gathered more than once: {twice}"
     world = cell.world_size
     storages = distinct_storages(run.eager_model).values()
-    gathered_bytes = 0 if replicated else sum(padded_bytes(p, run.cell.world_size) for p in storages)
+    gathered_bytes = 0 if replicated else sum(padded_bytes(p, world) for p in storages)
     if "forward" in symbols:
         got_bytes = _out_bytes(symbols["forward"]["all_gather"])
         found.equal("forward all-gathered bytes", got_bytes, gathered_bytes, bytes_derived(gathered_bytes, world))
