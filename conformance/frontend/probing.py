@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conformance.world.controller import Outcome
+from conformance.world.outcome import Outcome
 
 PROBE = "conformance.rank.probe:probe_compositions"  # composition -> why unsupported, or None
 # The exit status of a run whose composition probe did not complete twice: nothing was

@@ -21,9 +21,10 @@ from conformance.matrix.simulated import world_of
 from conformance.reports import coverage_map, environment
 from conformance.reports.session import SessionInfo
 from conformance.world import launch, protocol, seal
-from conformance.world.controller import Outcome, World
+from conformance.world.controller import World
 from conformance.world.launch import ROOT, LaunchSpec
 from conformance.world.nodes import Nodes
+from conformance.world.outcome import Outcome
 from conformance.world.zygote import Zygote
 
 RUN_CELL = "conformance.rank.entry:run_cell"  # named, never imported: the ranks import it

@@ -23,7 +23,7 @@ from conformance.matrix import simulated
 from conformance.matrix.cells import Cell
 from conformance.reports.outcomes import UNSUPPORTED
 from conformance.world import protocol
-from conformance.world.controller import Outcome
+from conformance.world.outcome import Outcome
 
 
 class Conformance:

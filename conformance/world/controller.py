@@ -9,7 +9,6 @@ in a verdict with evidence (the rank's traceback, its stack, its log) and a fres
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import shutil
@@ -22,56 +21,17 @@ from pathlib import Path
 from conformance.world import procs, protocol
 from conformance.world.launch import ROOT, LaunchSpec
 from conformance.world.nodes import NodeError, Nodes
+from conformance.world.outcome import Outcome
 from conformance.world.seal import PLAIN, Channel, control_store
 
 # how long a world retired at the end of a run may take to exit before it is killed
 CLOSE_TIMEOUT_S = 10.0
 
 STACK_WAIT_S = 2.0
-# Who caused a failure and who merely suffered it: a death explains a peer's "connection
-# closed by peer", never the other way round.
-_BLAME_ORDER = {protocol.DIED: 0, protocol.FAILED: 1, protocol.TIMEOUT: 2, protocol.ABORTED: 3, protocol.PASSED: 4}
 
 
 class WorldStartError(RuntimeError):
     pass
-
-
-@dataclasses.dataclass
-class Outcome:
-    """Every rank's answer to one task."""
-
-    results: list[protocol.RankResult]
-    duration: float  # the task itself, not counting a world start
-    startup: float  # seconds spent starting a world for this task (0 when reused)
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for r in self.results)
-
-    @property
-    def values(self) -> list[object]:
-        return [r.value for r in self.results]
-
-    def culprits(self) -> list[protocol.RankResult]:
-        # of ranks that timed out, one found stopped is why the others waited
-        return sorted(
-            (r for r in self.results if not r.ok), key=lambda r: (_BLAME_ORDER[r.status], not r.stopped, r.rank)
-        )
-
-    def describe(self, names: list[int] | None = None) -> str:
-        """Each culprit's evidence; ``names``: what to call each process's rank, where it
-        stood for another (a simulated world's sampled ranks)."""
-        parts = []
-        for r in self.culprits():
-            during = f" during {r.phase}" if r.phase else ""
-            parts.append(
-                f"--- rank {names[r.rank] if names else r.rank}: {r.status} after {r.duration:.1f}s{during} ---"
-            )
-            for title, body in (("error", r.error), ("stacks", r.stacks), ("log tail", r.log_tail)):
-                if body and body.strip():
-                    parts.append(f"[{title}]\n{body.rstrip()}")
-        return "\n".join(parts)
 
 
 class World:

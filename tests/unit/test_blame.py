@@ -123,7 +123,7 @@ def test_a_rank_lost_is_why_its_peer_raised_never_the_kit() -> None:
     from conformance.frontend.verdict import Conformance
     from conformance.matrix.cells import Cell
     from conformance.world import protocol
-    from conformance.world.controller import Outcome
+    from conformance.world.outcome import Outcome
     from tests.unit.test_runner_probe import StandInWorld, make_runner
 
     gathering = [frame(str(ROOT / "conformance" / "rank" / "gather.py"), "on_every_rank"), frame(C10D, "all_gather")]

@@ -18,7 +18,7 @@ from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import cells
 from conformance.reports.session import SessionInfo
 from conformance.world import launch, protocol
-from conformance.world.controller import Outcome
+from conformance.world.outcome import Outcome
 
 LEGACY = "thunder.distributed.fsdp(nn.Module) raises TypeError: planted"
 

@@ -196,7 +196,7 @@ def test_a_repro_names_the_profile_that_picked_its_cell() -> None:
 
 def test_a_simulated_world_that_breaks_names_the_sampled_rank() -> None:
     from conformance.world import protocol
-    from conformance.world.controller import Outcome
+    from conformance.world.outcome import Outcome
 
     results = [protocol.RankResult(i, protocol.PASSED) for i in range(simulated.SAMPLED)]
     results[3] = protocol.RankResult(3, protocol.FAILED, error="Traceback: boom")

@@ -1,0 +1,49 @@
+"""What one task on a world came to: every rank's answer, and who is to blame where some
+rank did not pass (conformance/world/controller.py makes them)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from conformance.world import protocol
+
+# Who caused a failure and who merely suffered it: a death explains a peer's "connection
+# closed by peer", never the other way round.
+_BLAME_ORDER = {protocol.DIED: 0, protocol.FAILED: 1, protocol.TIMEOUT: 2, protocol.ABORTED: 3, protocol.PASSED: 4}
+
+
+@dataclasses.dataclass
+class Outcome:
+    """Every rank's answer to one task."""
+
+    results: list[protocol.RankResult]
+    duration: float  # the task itself, not counting a world start
+    startup: float  # seconds spent starting a world for this task (0 when reused)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def values(self) -> list[object]:
+        return [r.value for r in self.results]
+
+    def culprits(self) -> list[protocol.RankResult]:
+        # of ranks that timed out, one found stopped is why the others waited
+        return sorted(
+            (r for r in self.results if not r.ok), key=lambda r: (_BLAME_ORDER[r.status], not r.stopped, r.rank)
+        )
+
+    def describe(self, names: list[int] | None = None) -> str:
+        """Each culprit's evidence; ``names``: what to call each process's rank, where it
+        stood for another (a simulated world's sampled ranks)."""
+        parts = []
+        for r in self.culprits():
+            during = f" during {r.phase}" if r.phase else ""
+            parts.append(
+                f"--- rank {names[r.rank] if names else r.rank}: {r.status} after {r.duration:.1f}s{during} ---"
+            )
+            for title, body in (("error", r.error), ("stacks", r.stacks), ("log tail", r.log_tail)):
+                if body and body.strip():
+                    parts.append(f"[{title}]\n{body.rstrip()}")
+        return "\n".join(parts)
