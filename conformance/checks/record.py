@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from conformance.checks.checkpoint_record import RankZeroOnly, Resumed
 from conformance.checks.traces import FinalTraces
 from conformance.matrix.cells import Cell
 from fixtures import inits
@@ -177,45 +178,6 @@ class SimulatedMemory:
     alive_after_setup: int  # every live storage of more than one element right after setup, less the kit's own
     scalars_after_setup: int  # storages only 0-d tensors view, alive then
     module_inits: list[ModuleInit] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class Compared:
-    """One moment of a resumed run beside the uninterrupted one: what each held then."""
-
-    what: str  # e.g. "gradients at resumed step 1"
-    resumed: Tensors
-    uninterrupted: Tensors
-
-
-@dataclasses.dataclass
-class Resumed:
-    """One checkpoint round trip of the ``resume`` scenario (conformance/rank/scenarios/resume.py):
-    the checkpoint taken after training, what it must hold (the kit's own gathering: eager's
-    names for a full one, this rank's shards for a sharded one), and the module it was loaded
-    into stepped beside the uninterrupted one."""
-
-    kind: str  # "full" or "sharded"
-    taken: Tensors  # the checkpoint as Thunder gave it (local tensors of DTensors)
-    truth: Tensors  # what it must hold, gathered by the kit at the same moment
-    # what thunder.distributed.checkpoint raised taking it (the module's own state dict stood in)
-    api_error: str | None = None
-    compared: list[Compared] = dataclasses.field(default_factory=list)
-    error: str | None = None  # what Thunder raised saving, loading or resuming (compared ends there)
-
-
-@dataclasses.dataclass
-class RankZeroOnly:
-    """The full checkpoint taken and loaded with ``rank0_only=True`` (the ``resume`` scenario,
-    conformance/rank/scenarios/rank0_only.py), on one rank."""
-
-    rank: int
-    truth: Tensors  # what the whole checkpoint must hold (the kit's gathering, eager's names)
-    checkpoint: Tensors  # what this rank's module holds once the checkpoint is loaded into it
-    taken: Tensors | None = None  # what this rank took (None: get_model_state_dict raised)
-    untouched: Tensors = dataclasses.field(default_factory=dict)  # a fresh module's, before loading
-    loaded: Tensors = dataclasses.field(default_factory=dict)  # the same module's after loading
-    error: str | None = None  # what Thunder raised composing or loading
 
 
 @dataclasses.dataclass

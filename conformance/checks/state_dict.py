@@ -18,8 +18,9 @@ land on rank 0 and leave every other rank's tensors as they were or give them ra
 from __future__ import annotations
 
 from conformance.checks.area import Area
+from conformance.checks.checkpoint_record import RankZeroOnly, Resumed
 from conformance.checks.findings import Findings, identical
-from conformance.checks.record import CellRecord, RankZeroOnly, Resumed, Tensors
+from conformance.checks.record import CellRecord, Tensors
 from conformance.checks.storages import tied_duplicates
 
 

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from conformance.checks import collectives
+from conformance.checks.checkpoint_record import Compared, RankZeroOnly, Resumed
 from conformance.checks.collectives import expected_counts, scenario_counts
 from conformance.checks.findings import Findings
 from conformance.checks.numerics.scenarios import judge_scenario
-from conformance.checks.record import Compared, RankZeroOnly, Resumed, ScenarioRecord
+from conformance.checks.record import ScenarioRecord
 from conformance.checks.state_dict import judge_rank0_only, judge_resumed
 from conformance.checks.traces import FinalTraces
 from fixtures.toy_models import MLP, LoRA

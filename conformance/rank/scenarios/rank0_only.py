@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from conformance.checks.record import RankZeroOnly
+from conformance.checks.checkpoint_record import RankZeroOnly
 from conformance.rank.build import EagerModel, Recipe, compose
 from conformance.rank.gather import local_copies, padding_cleared, shard
 

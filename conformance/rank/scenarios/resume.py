@@ -34,8 +34,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from conformance.checks.checkpoint_record import Compared, Resumed
 from conformance.checks.findings import identical
-from conformance.checks.record import Compared, Resumed, ScenarioRecord
+from conformance.checks.record import ScenarioRecord
 from conformance.rank.build import EagerModel, Recipe, compose
 from conformance.rank.clock import thunder_call
 from conformance.rank.eager import loss
