@@ -21,6 +21,7 @@ from torch import nn
 from conformance.checks.findings import ThunderReturnedWrong
 from conformance.checks.record import MEASURED_STEP, ParametersAfter, Replicas, SavedTensor, StepRecord
 from conformance.checks.storages import distinct_storages
+from conformance.checks.traces import final_traces
 from conformance.rank import progress
 from conformance.rank.buffers import PerRank
 from conformance.rank.build import SEED, EagerModel, Recipe
@@ -159,7 +160,7 @@ class _Lockstep:
             rank_loss.backward()
             del out, rank_loss  # the kit's last references to the forward's result
         training.held_after_backward.append(ledger.read())
-        backward_trace = _last_backward_trace(tm)
+        backward_trace = final_traces(tm).backward  # the one Thunder ran last
         if measured:
             with self.eager_buffers.rank(rank, keep=False):
                 training.eager_peaks.update(_eager_peaks(eager_model, inputs[rank], cotangents[rank], device))
@@ -256,14 +257,6 @@ def train(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: in
             training.timings[f"step{step}_s"] = time.perf_counter() - began
             step += 1
     return training
-
-
-def _last_backward_trace(tm: Any) -> Any:
-    """The backward trace Thunder ran last for ``tm`` (None where it has none)."""
-    import thunder
-
-    traces = thunder.last_backward_traces(tm)
-    return traces[-1] if traces else None
 
 
 def _saved_tensors(out: torch.Tensor) -> list[SavedTensor | None] | None:
