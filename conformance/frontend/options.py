@@ -95,6 +95,8 @@ def check(config: pytest.Config) -> None:
         config.option.cells = cell_list(config.option.cells)
     if config.option.thunder_coverage:
         _traced(config.option.report_dir, config.option.nnodes)
+    if config.option.chaos is not None and not 0 < config.option.chaos_share <= 1:
+        raise pytest.UsageError(f"--chaos-share {config.option.chaos_share}: a share of the cells, in (0, 1]")
 
 
 def cell_list(path: object) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conformance.checks.registry import applies
-from conformance.frontend import baseline, hypothesis_profiles, options
+from conformance.frontend import baseline, chaos, hypothesis_profiles, options
 from conformance.frontend.blame import KitError
 from conformance.frontend.ledger import Ledger
 from conformance.frontend.probing import RunEnd
@@ -105,12 +105,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "run-to-run noise over it; the whole comparison goes to summary.md and compare.json; a capability lost "
         "over it (an item that passed there is xfailed, unsupported, skipped or gone) makes exit status 1",
     )
-    group.addoption(
-        "--replay",
-        default=None,
-        metavar="CELL_JSON",
-        help="run one generated cell again, as printed by a failing example of test_generated.py",
-    )
+    group.addoption("--replay", metavar="CELL_JSON", help="run one generated cell again, as test_generated printed it")
     group.addoption(
         "--cells",
         type=Path,
@@ -153,6 +148,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=DEFAULT_XFAILS,
         help="known non-conformances of the Thunder under test (default: the kit's file for its pin)",
     )
+    chaos.add_options(group)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -165,6 +161,7 @@ def pytest_configure(config: pytest.Config) -> None:
     options.check(config)  # a bad option ends the run here, in one line, before any world starts
     config.stash[RUNNER] = Runner(config)
     config.pluginmanager.register(RunEnd(config.stash[RUNNER]), "conformance-probe-run-end")
+    chaos.install(config, config.stash[RUNNER])
     if (nodes := config.stash[RUNNER].nodes) is not None:  # said before collection, which waits for them
         told = None if seal.ENV_TOKEN in os.environ else nodes.seal.token
         agents = f"{nodes.nnodes - 1} join agent{'s' if nodes.nnodes > 2 else ''}"

@@ -101,6 +101,7 @@ class Runner:
             rdzv_endpoint=endpoint,
             thunder_coverage=traced,
             cells=None if asked is None else tuple(asked),
+            chaos=None if (seed := config.getoption("chaos")) is None else (seed, config.getoption("chaos_share")),
         )
         self.nodes: Nodes | None = None  # a run across machines: the other machines' join agents
         if nnodes > 1 and endpoint is not None:

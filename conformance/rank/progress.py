@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Iterator
 
 ENV = "CONFORMANCE_PHASE_FILE"
 
 _stack: list[str] = []
+# --chaos (and the kit's own fault tests): the phase, or part of its name, at whose entry this
+# rank is lost, and the signal that loses it (conformance/rank/chaos.py arms it for one task)
+_lost_at: tuple[str, signal.Signals] | None = None
 
 
 def at(name: str) -> None:
@@ -40,6 +44,18 @@ def current() -> str:
     return " / ".join(_stack)
 
 
+@contextlib.contextmanager
+def lost_at(phase: str, how: signal.Signals) -> Iterator[None]:
+    """For the block, this process sends itself ``how`` (SIGKILL, SIGSTOP) the moment it enters
+    a phase whose name holds ``phase``, once that phase is written for the controller."""
+    global _lost_at
+    _lost_at = (phase, how)
+    try:
+        yield
+    finally:
+        _lost_at = None
+
+
 def _write() -> None:
     path = os.environ.get(ENV)
     if not path:  # not in a world's rank (a kit test calling the rank side in-process)
@@ -50,3 +66,5 @@ def _write() -> None:
             os.write(fd, current().encode())
         finally:
             os.close(fd)
+    if _lost_at is not None and _lost_at[0] in current():
+        os.kill(os.getpid(), _lost_at[1])

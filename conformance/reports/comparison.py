@@ -11,6 +11,9 @@ Every old → new outcome pair of an item (absent: not in that report), and why:
 - any → absent: **vanished**, a regression (capability lost too): the new run says nothing of
   the item, so nothing shows the capability holds; a composition that Thunder stops offering
   drops its cells out of the covering array.
+- any → xfailed where the new run's ``--chaos`` lost a rank in the item's cell and the item
+  said so (its ``chaos`` verdict, conformance/frontend/chaos.py): faulted by --chaos, no
+  regression: the kit planned it, and the item's own account of it was checked.
 - any but error → error: newly erroring; any but failed or error → failed: newly failing. Both
   regressions, a new item included: nothing said it would. A newly failing item that an
   xfails entry for other Thunder versions would explain (``known_elsewhere``) is one too,
@@ -37,7 +40,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from conformance.reports.noise import COLLECTIVES, MEMORY, TIMING, Noise, noise, thresholds
-from conformance.reports.outcomes import excuse
+from conformance.reports.outcomes import CHAOS_LOST, excuse
 
 BAD = ("failed", "error")
 CONFORMING = ("passed", "xpassed")
@@ -52,7 +55,8 @@ FIXED = "fixed"
 NEW_XPASS = "new xpass"
 CHANGED = "outcome changed"
 NEW_ITEM = "new item"
-KINDS = (CAPABILITY_LOST, VANISHED, NEWLY_FAILING, NEWLY_ERRORING, FIXED, NEW_XPASS, CHANGED, NEW_ITEM)
+FAULTED = "faulted by --chaos"  # xfailed where the run's --chaos lost a rank, as planned: no regression
+KINDS = (CAPABILITY_LOST, VANISHED, NEWLY_FAILING, NEWLY_ERRORING, FIXED, NEW_XPASS, CHANGED, NEW_ITEM, FAULTED)
 REGRESSIONS = (CAPABILITY_LOST, VANISHED, NEWLY_FAILING, NEWLY_ERRORING)
 LOSSES = (CAPABILITY_LOST, VANISHED)
 
@@ -232,6 +236,8 @@ def _item_change(item: str, old: dict[str, Any] | None, new: dict[str, Any] | No
         return None
     if new is None:
         kind = VANISHED
+    elif now == "xfailed" and (new.get("chaos") or {}).get("verdict") == CHAOS_LOST:
+        kind = FAULTED
     elif now == "error":  # a new item that errors or fails is a regression too: nothing said it would
         kind = NEWLY_ERRORING
     elif now == "failed" and was != "error":

@@ -26,6 +26,7 @@ TITLES = {
     "new xpass": "New XPASSes",
     "outcome changed": "Other outcome changes",
     "new item": "New items",
+    "faulted by --chaos": "Faulted by --chaos (a rank lost as planned)",
 }
 
 

@@ -14,6 +14,12 @@ from conformance.matrix.cells import Cell
 
 UNSUPPORTED = "unsupported: "  # prefix of the skip reason of an unsupported cell
 
+# --chaos: what became of the fault planned in a cell (conformance/frontend/chaos.py judges it;
+# each of the cell's items carries it in report.json, as ``chaos.verdict``)
+CHAOS_LOST = "lost as planned"  # the rank was lost in the phase, and the cell's items said so
+CHAOS_NOT_REACHED = "not reached"  # the rank never entered the phase: the cell ran as a clean run's
+CHAOS_MISREPORTED = "lost, but misreported"  # the rank was lost there; the items' account differs
+
 MARKS = {
     "passed": "✅",
     "failed": "❌",

@@ -29,6 +29,7 @@ class SessionInfo:
     # --thunder-coverage: the folder the ranks save their coverage data into (None: off)
     thunder_coverage: Path | None = None
     cells: tuple[str, ...] | None = None  # --cells: the cells asked for, in order (None: the profile's)
+    chaos: tuple[int, float] | None = None  # --chaos SEED and --chaos-share (None: off)
 
     def repro(self, nodeid: str) -> str:
         """The command line that reruns one item as this run ran it."""
@@ -40,4 +41,6 @@ class SessionInfo:
             args += ["--profile", self.profile]
         if not self.default_xfails:
             args += ["--xfails", str(self.xfails_file)]
+        if self.chaos is not None:  # the plan is the seed's: the same fault in the same cell
+            args += ["--chaos", str(self.chaos[0]), "--chaos-share", str(self.chaos[1])]
         return shlex.join(args)

@@ -42,6 +42,7 @@ def summary(
         f"**{counts}** in {report['wall_s']:.1f} s (exit status {report['exit_status']}).",
         "",
     ]
+    lines += _chaos(report.get("chaos"))
     lines += time_share.section(report.get("time_share"))
     if fixed:
         lines += ["Every cell: " + ", ".join(f"{k}={v}" for k, v in fixed.items()) + ".", ""]
@@ -173,3 +174,16 @@ def _memory(report: dict[str, Any], figure: str | None) -> list[str]:
     if figure:
         lines += ["", f"![measured against estimated memory]({figure})"]
     return [*lines, ""]
+
+
+def _chaos(chaos: dict[str, Any] | None) -> list[str]:
+    """--chaos: how many cells were faulted, and how many of them said so (report.json: chaos)."""
+    if chaos is None:
+        return []
+    verdicts: dict[str, int] = {}
+    for note in chaos["cells"].values():
+        for verdict in note["verdicts"]:
+            verdicts[verdict] = verdicts.get(verdict, 0) + 1
+    told = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) or "none"
+    return [f"**--chaos {chaos['seed']}** (share {chaos['share']}): {len(chaos['cells'])} cells faulted: {told}.", ""]
+

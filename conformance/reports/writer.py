@@ -150,6 +150,8 @@ class Reporter:
         }
         if self.affected_by is not None:
             report["affected_by"] = self.affected_by
+        if self.session.chaos is not None:
+            report["chaos"] = chaos_account(self.session.chaos, records)
         if self.session.cells is not None:
             report["cells_asked"] = list(self.session.cells)
             report["cells_not_collected"] = self.cells_not_collected
@@ -190,6 +192,18 @@ class Reporter:
         assert package is not None and data_dir is not None, "no Thunder to map"
         version = environment.version(environment.THUNDER_DIST) or "unknown"
         return coverage_map.write(data_dir, self.dir, package, version, records)
+
+
+def chaos_account(chaos: tuple[int, float], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """--chaos: per faulted cell, the fault planned there and what became of it in its items
+    (frontend/chaos.py names the verdicts: lost as planned, not reached, lost but misreported)."""
+    cells: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        if "chaos" in rec:
+            note = cells.setdefault(rec["cell"], {"fault": rec["chaos"]["fault"], "verdicts": []})
+            if rec["chaos"]["verdict"] not in note["verdicts"]:
+                note["verdicts"].append(rec["chaos"]["verdict"])
+    return {"seed": chaos[0], "share": chaos[1], "cells": cells}
 
 
 def contract_left(ran: list[Cell], session: SessionInfo, whole_run: bool) -> list[dict[str, Any]] | None:

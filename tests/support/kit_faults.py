@@ -67,23 +67,15 @@ FAULTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
 }
 
 
-@contextlib.contextmanager
-def rank_lost(phase: str, how: str) -> Iterator[None]:
+def rank_lost(phase: str, how: str) -> contextlib.AbstractContextManager[None]:
     """Rank 1 is lost the moment its task enters a phase whose name holds ``phase`` (as
     conformance/rank/progress.py names it, already written for the controller): killed
-    (``how="kill"``, SIGKILL) or stopped (``"stop"``, SIGSTOP: it hangs past the cell timeout)."""
+    (``how="kill"``, SIGKILL) or stopped (``"stop"``, SIGSTOP: it hangs past the cell timeout).
+    The mechanism of ``--chaos`` (conformance/rank/chaos.py), at a phase the test names."""
     from conformance.rank import progress
+    from conformance.rank.chaos import SIGNALS
 
-    write = progress._write
-
-    def written() -> None:
-        write()
-        if int(os.environ["RANK"]) == 1 and phase in progress.current():
-            os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(progress, "_write", written)
-        yield
+    return progress.lost_at(phase, SIGNALS[how]) if int(os.environ["RANK"]) == 1 else contextlib.nullcontext()
 
 
 # the fault that takes its phase from the cell: the pytest process names, per cell id, the
