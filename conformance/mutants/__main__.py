@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     root = installed_thunder()
     try:
         every, chosen = select(args, root, cmap)
-        reviewed = equivalents.load(args.equivalents, every)
+        reviewed = equivalents.load(args.equivalents, every, trial.device(tuple(args.suite_args)))
     except (BadInput, equivalents.EquivalentsError) as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 4

@@ -10,6 +10,10 @@ the kit can give, each with the one-line argument why (``mutants-equivalent.toml
 A mutant id names the source it was made of (its file's hash): an entry for another source
 (another Thunder) does not apply here and is skipped; an entry for this source that names no
 mutant, or gives no reason, is an error, so that the file cannot rot silently.
+
+An argument that holds only where the ranks hold their tensors on one kind of device (a move
+to the CPU of a tensor already there) says so: ``devices = ["cpu"]``. It sets the mutant
+aside only in an analysis whose ranks run there; elsewhere the mutant is judged by its trial.
 """
 
 from __future__ import annotations
@@ -30,15 +34,20 @@ class EquivalentsError(ValueError):
     """The equivalents file cannot be used: one line saying why."""
 
 
+DEVICES = ("cpu", "cuda")
+
+
 @dataclasses.dataclass(frozen=True)
 class Equivalent:
     mutant: str
     why: str
+    devices: tuple[str, ...] = DEVICES  # where the argument holds
 
 
-def load(path: Path | None, every: list[Mutant]) -> dict[str, Equivalent]:
-    """Mutant id -> its entry, for the entries about this Thunder's sources; ``every``: all
-    mutants of the files in scope (whose ids name each file's source)."""
+def load(path: Path | None, every: list[Mutant], device: str = "cpu") -> dict[str, Equivalent]:
+    """Mutant id -> its entry, for the entries about this Thunder's sources that hold on
+    ``device`` (where the analysis's ranks hold their tensors); ``every``: all mutants of the
+    files in scope (whose ids name each file's source)."""
     if path is None or not path.exists():
         return {}
     sources = {m.path: m.source for m in every}
@@ -60,5 +69,9 @@ def load(path: Path | None, every: list[Mutant]) -> dict[str, Equivalent]:
             continue  # about another source of that file: not this Thunder's
         if mutant not in known:
             raise EquivalentsError(f"{where}: {mutant} names no mutant of this source")
-        found[mutant] = Equivalent(mutant, why)
+        devices = raw.get("devices", list(DEVICES))
+        if not isinstance(devices, list) or not devices or not set(devices) <= set(DEVICES):
+            raise EquivalentsError(f"{where}: 'devices' must list some of {', '.join(DEVICES)}")
+        if device in devices:
+            found[mutant] = Equivalent(mutant, why, tuple(devices))
     return found

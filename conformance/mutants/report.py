@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from conformance.mutants.equivalents import Equivalent
+from conformance.mutants.equivalents import DEVICES, Equivalent
 from conformance.mutants.sites import Mutant
 from conformance.mutants.trial import cells_for
 from conformance.mutants.verdict import EQUIVALENT, KIT_ERROR, OUTCOMES, RAISED, SILENT, SURVIVED, TIMEOUT, Verdict
@@ -100,11 +100,19 @@ def build(
                 **v.to_json(),
                 "diff": d,
                 **({"why_equivalent": equivalents[m.id].why} if v.outcome == EQUIVALENT else {}),
+                # an argument that holds on some devices only: on the others the trial judges it
+                **({"equivalent_on": list(equivalents[m.id].devices)} if v.outcome == EQUIVALENT else {}),
                 **({"cells_running": cells_for(m, cmap)} if v.outcome == SURVIVED else {}),
             }
             for m, v, d in judged
         ],
     }
+
+
+def _only_on(mutant: dict[str, Any]) -> str:
+    """" (on cpu only)" where the equivalence argument holds on some devices only."""
+    on = mutant.get("equivalent_on") or list(DEVICES)
+    return "" if set(on) >= set(DEVICES) else f" (on {', '.join(on)} only)"
 
 
 def _pct(x: float | None) -> str:
@@ -164,6 +172,6 @@ def markdown(data: dict[str, Any]) -> str:
     equivalent = [m for m in data["mutants"] if m["outcome"] == EQUIVALENT]
     if equivalent:
         lines += [f"## Equivalent, set aside ({len(equivalent)})", ""]
-        lines += [f"- `{m['id']}`: {m['why_equivalent']}" for m in equivalent]
+        lines += [f"- `{m['id']}`{_only_on(m)}: {m['why_equivalent']}" for m in equivalent]
         lines.append("")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from conformance.mutants.overlay import Overlay
 from conformance.mutants.sites import Mutant
 from conformance.mutants.verdict import INCOMPETENT, KIT_ERROR, NOT_COVERED, TIMEOUT, Verdict, classify
 from conformance.reports.coverage_map import CoverageMap
+from conformance.world import launch
 
 KIT_ROOT = Path(__file__).resolve().parents[2]  # where `python -m pytest conformance` runs
 
@@ -30,6 +31,16 @@ class Plan:
     workdir: Path
     suite_args: tuple[str, ...] = ()  # e.g. ("--nproc", "2", "--cell-timeout", "120")
     timeout: float = 3600.0  # one trial, whatever its cells: a guard against a hung suite
+
+
+def device(suite_args: tuple[str, ...]) -> str:
+    """Where the trials' ranks hold their tensors, "cuda" or "cpu": as the suite resolves its
+    backend from ``--backend`` and ``--nproc`` (nccl's ranks are on GPUs, any other's on the CPU)."""
+    args = dict(zip(suite_args, suite_args[1:]))
+    requested, nproc = args.get("--backend", "auto"), args.get("--nproc", "2")
+    if nproc == "gpus":
+        return "cuda" if requested in ("auto", "nccl") else "cpu"
+    return "cuda" if launch.resolve_backend(requested, int(nproc)) == "nccl" else "cpu"
 
 
 def cells_for(mutant: Mutant, cmap: CoverageMap) -> list[str]:

@@ -66,6 +66,26 @@ def test_an_equivalents_entry_must_name_a_mutant_of_this_source_and_say_why(tmp_
     assert equivalents.load(file, every) == {}
 
 
+def test_an_equivalence_on_some_devices_sets_a_mutant_aside_only_there(tmp_path: Path) -> None:
+    every = list(sites.sites("thunder/distributed/utils.py", SOURCE))
+    file = tmp_path / "eq.toml"
+    file.write_text(
+        f'[[equivalent]]\nmutant = "{every[0].id}"\nwhy = "a CPU tensor moved to the CPU"\ndevices = ["cpu"]\n'
+    )
+    assert set(equivalents.load(file, every, "cpu")) == {every[0].id}
+    assert equivalents.load(file, every, "cuda") == {}  # there its trial judges it
+    data = report.build(
+        [(every[0], Verdict(SURVIVED), "")], equivalents.load(file, every, "cpu"), CoverageMap("0", {}, {}, (), {})
+    )
+    assert data["mutants"][0]["equivalent_on"] == ["cpu"] and "(on cpu only)" in report.markdown(data)
+    file.write_text(f'[[equivalent]]\nmutant = "{every[0].id}"\nwhy = "x"\ndevices = ["tpu"]\n')
+    with pytest.raises(equivalents.EquivalentsError, match="'devices' must list some of cpu, cuda"):
+        equivalents.load(file, every)
+    # the trials' device, as the suite resolves its backend: gloo's ranks are on the CPU
+    assert trial.device(("--backend", "gloo", "--nproc", "2")) == "cpu"
+    assert trial.device(("--backend", "nccl")) == trial.device(("--nproc", "gpus")) == "cuda"
+
+
 def _digest_tree(folder: Path) -> dict[str, str]:
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
