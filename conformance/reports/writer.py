@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -73,6 +74,9 @@ class Reporter:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = self.dir / "report.jsonl"
         self.jsonl.write_text("")
+        # an earlier run's reports must not pass for this run's where this one dies before writing
+        for name in WHOLE_FILES:
+            (self.dir / name).unlink(missing_ok=True)
         if session.thunder_coverage is not None:  # an earlier run's rank data must not join this run's
             shutil.rmtree(session.thunder_coverage, ignore_errors=True)
 
@@ -173,16 +177,16 @@ class Reporter:
                         f"exit status 1: {len(lost)} items of {cells} cells lost a capability over the baseline "
                         f"(summary.md: Capability lost)"
                     )
-        (self.dir / "report.json").write_text(json.dumps(report, indent=2))
+        _whole(self.dir / "report.json", json.dumps(report, indent=2))
         figure = "memory.png" if memory_figure(report, self.dir / "memory.png") else None
         scale = "scale.png" if scale_figure(report, self.dir / "scale.png") else None
         text = summary(report, self.session.repro, figure, scale)
         if comparison is not None:
-            (self.dir / "compare.json").write_text(json.dumps(comparison.to_json(), indent=2))
+            _whole(self.dir / "compare.json", json.dumps(comparison.to_json(), indent=2))
             note = PART_OF_SUITE if not self.whole_run else STOPPED if stopped else None
             text = text.rstrip("\n") + "\n\n" + markdown(comparison, note=note)
-        (self.dir / "summary.md").write_text(text)
-        (self.dir / "report.html").write_text(page(report, self.session.repro))
+        _whole(self.dir / "summary.md", text)
+        _whole(self.dir / "report.html", page(report, self.session.repro))
 
     def _thunder_coverage(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """--thunder-coverage: the ranks' data combined into the coverage map and coverage's HTML
@@ -192,6 +196,18 @@ class Reporter:
         assert package is not None and data_dir is not None, "no Thunder to map"
         version = environment.version(environment.THUNDER_DIST) or "unknown"
         return coverage_map.write(data_dir, self.dir, package, version, records)
+
+
+# the files written once, at the run's end, each whole or not at all (``_whole``)
+WHOLE_FILES = ("report.json", "compare.json", "summary.md", "report.html")
+
+
+def _whole(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: a run killed while writing leaves no half a file
+    (the text goes to a file beside it, renamed over ``path`` once complete)."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def chaos_account(chaos: tuple[int, float], records: list[dict[str, Any]]) -> dict[str, Any]:

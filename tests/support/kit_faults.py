@@ -67,32 +67,16 @@ FAULTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
 }
 
 
-def rank_lost(phase: str, how: str) -> contextlib.AbstractContextManager[None]:
-    """Rank 1 is lost the moment its task enters a phase whose name holds ``phase`` (as
-    conformance/rank/progress.py names it, already written for the controller): killed
-    (``how="kill"``, SIGKILL) or stopped (``"stop"``, SIGSTOP: it hangs past the cell timeout).
-    The mechanism of ``--chaos`` (conformance/rank/chaos.py), at a phase the test names."""
-    from conformance.rank import progress
-    from conformance.rank.chaos import SIGNALS
-
-    return progress.lost_at(phase, SIGNALS[how]) if int(os.environ["RANK"]) == 1 else contextlib.nullcontext()
-
-
-# the fault that takes its phase from the cell: the pytest process names, per cell id, the
-# phase and how rank 1 is lost there (JSON in this variable); a cell it does not name runs clean
+# rank_lost: the pytest process names, per cell id, the phase and how rank 1 is lost there
+# (JSON [phase, how] in this variable, armed as --chaos arms a fault: tests/support/plant_plugin.py);
+# a cell it does not name runs clean
 LOST_AT_ENV = "CONFORMANCE_LOST_AT"
 
 
-def run_cell_with_fault(
-    fault: str, axes: dict[str, Any], declared: Sequence[str] = (), lost_at: Sequence[str] | None = None
-) -> dict[str, Any]:
+def run_cell_with_fault(fault: str, axes: dict[str, Any], declared: Sequence[str] = ()) -> dict[str, Any]:
     from conformance.rank.entry import run_cell
 
-    if fault == "rank_lost":
-        planted = rank_lost(*lost_at) if lost_at else contextlib.nullcontext()
-    else:
-        planted = FAULTS[fault]()
-    with planted:
+    with FAULTS[fault]():
         return run_cell(axes, declared)
 
 

@@ -1,15 +1,20 @@
 """pytest plugin for the kit's own tests: ``-p tests.support.plant_plugin`` with CONFORMANCE_PLANTED_BUG
 set runs the real suite with that bug (a record of tests/planted/) planted in every rank; with
-CONFORMANCE_KIT_FAULT set, with that fault of the kit itself (tests/support/kit_faults.py)."""
+CONFORMANCE_KIT_FAULT set, with that fault of the kit itself (tests/support/kit_faults.py);
+``rank_lost`` loses rank 1 of each cell CONFORMANCE_LOST_AT names at the phase it names (the
+mechanism of --chaos, at chosen phases); ``controller_killed_at_report`` kills this pytest
+process (SIGKILL) while it writes the reports, after report.json and before summary.md."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
 
 import pytest
 
+from conformance.frontend.chaos import Fault
 from conformance.frontend.runner import RUNNER
 from conformance.world import protocol
 from tests.support import kit_faults
@@ -27,14 +32,29 @@ def pytest_configure(config: pytest.Config) -> None:
         payload = {"fault": fault, "marker": tempfile.mkdtemp(prefix="probe-fault-")}
         runner.probe_task = protocol.Task("tests.support.kit_faults:probe_with_fault", payload)
         return
-    if fault is not None:
+    if fault == "rank_lost":
         lost_at = json.loads(os.environ.get(kit_faults.LOST_AT_ENV, "{}"))
+        clean = runner.cell_task
+        runner.cell_task = lambda cell: (
+            Fault(1, *lost_at[cell.id]).task(clean(cell)) if cell.id in lost_at else clean(cell)
+        )
+        return
+    if fault == "controller_killed_at_report":
+        from conformance.reports import writer
+
+        def killed(*args: object, **kwargs: object) -> str:
+            os.kill(os.getpid(), signal.SIGKILL)
+            raise AssertionError("unreachable")
+
+        writer.summary = killed  # the writer renders summary.md right after writing report.json
+        return
+    if fault is not None:
         runner.cell_task = lambda cell: protocol.Task(
-            "tests.support.kit_faults:run_cell_with_fault",
-            {"fault": fault, "lost_at": lost_at.get(cell.id), **runner.cell_payload(cell)},
+            "tests.support.kit_faults:run_cell_with_fault", {"fault": fault, **runner.cell_payload(cell)}
         )
         return
     bug = os.environ[ENV]
     runner.cell_task = lambda cell: protocol.Task(
         "tests.planted.registry:run_cell_with_bug", {"bug": bug, **runner.cell_payload(cell)}
     )
+

@@ -305,6 +305,7 @@ def test_the_runner_tells_the_reports_what_it_found(gpus, monkeypatch: pytest.Mo
         "cells": None,
         "affected_by": None,
         "order": "early-verdict",
+        "chaos": None,
     }
     config = types.SimpleNamespace(option=types.SimpleNamespace(), getoption=given.__getitem__, rootpath=tmp_path)
     info = Runner(config).session  # type: ignore[arg-type]

@@ -34,7 +34,8 @@ ROLES = {
     # report.json), so it imports nothing else of the kit
     "bisect": "conformance.bisect",
     # `python -m conformance.mutants`: runs the suite as a user does (pytest's command line,
-    # report.json) on an overlay of Thunder; reads the coverage map through the reports
+    # report.json) on an overlay of Thunder; reads the coverage map through the reports, and
+    # resolves the trials' backend as the world's launch does (where their ranks hold tensors)
     "mutants": "conformance.mutants",
     # `python -m conformance.join`: a machine's join agent, which is the world's runner only
     "join": "conformance.join",
@@ -57,7 +58,7 @@ ALLOWED = {
     "commands": {"reports"},
     "dashboard": {"reports"},
     "bisect": {"bisect"},
-    "mutants": {"mutants", "reports"},
+    "mutants": {"mutants", "reports", "world"},
     "join": {"world"},
     "package": set(),
 }

@@ -5,12 +5,19 @@ Thunder raises is Thunder's failure."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
 from conformance.checks.registry import AREAS, applies
 from conformance.matrix.cells import Cell
 from tests.support.plant_plugin import KIT_FAULT_ENV
-from tests.support.suite_runs import SuiteRun, run_suite
+from tests.support.suite_runs import ROOT, SuiteRun, run_suite
 
 pytestmark = pytest.mark.slow  # runs the suite in a subprocess
 
@@ -107,3 +114,29 @@ def test_a_probe_that_fails_twice_ends_the_run_in_one_error_line(tmp_path) -> No
     while _ranks_of(run.report_dir) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _ranks_of(run.report_dir) == []
+
+
+def test_a_controller_killed_while_writing_the_reports_leaves_whole_ones_and_no_rank(tmp_path) -> None:
+    """SIGKILL between report.json and summary.md (plant_plugin's controller_killed_at_report):
+    report.json is this run's and whole, summary.md not half written, no earlier run's report
+    left to pass for this one's, and no rank process outlives the controller."""
+    report_dir = tmp_path / "report"
+    report_dir.mkdir()
+    (report_dir / "summary.md").write_text("an earlier run's summary")
+    args = ["-p", "tests.support.plant_plugin", "-p", "no:cacheprovider", "-q", "--profile", "smoke", "-k", CELL]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "conformance", *args, f"--report-dir={report_dir}"],
+        cwd=ROOT,
+        env={**os.environ, KIT_FAULT_ENV: "controller_killed_at_report"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    report = json.loads((report_dir / "report.json").read_text())
+    assert {i["cell"] for i in report["cells"]} == {CELL} and report["counts"] == {"passed": len(report["cells"])}
+    assert not (report_dir / "summary.md").exists() and not list(report_dir.glob(".*.partial"))
+    deadline = time.monotonic() + 10
+    while _ranks_of(report_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _ranks_of(report_dir) == []
