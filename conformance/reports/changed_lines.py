@@ -12,27 +12,53 @@ _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
 def from_unified_diff(text: str, side: str = "new") -> dict[str, set[int]]:
-    """Path -> the lines a diff touched. ``new``: the new file's added or changed lines (a hunk
-    that only deletes touches the line after the deletion, where the change now sits); ``old``:
-    the old file's removed or changed lines (a hunk that only adds touches the lines on both
-    sides of the insertion)."""
+    """Path -> the lines a diff touched. ``new``: the new file's added or changed lines (a run
+    of lines that only deletes touches the new line before the deletion, where the change now
+    sits); ``old``: the old file's removed or changed lines (a run that only adds touches the
+    old lines on both sides of the insertion). Context lines (``git diff``'s default three,
+    ``diff -u``'s) touch nothing: each hunk's body is read line by line, as its header counts."""
     changed: dict[str, set[int]] = {}
     old_path: str | None = None
     path: str | None = None
+    old_left = new_left = old_no = new_no = 0
+    removed: list[int] = []  # the current run of changed lines, on each side
+    added: list[int] = []
+
+    def flush() -> None:
+        if path is not None and (removed or added):
+            touched = (removed or [max(old_no - 1, 1), old_no]) if side == "old" else (added or [max(new_no - 1, 1)])
+            changed.setdefault(path, set()).update(touched)
+        removed.clear()
+        added.clear()
+
     for line in text.splitlines():
+        if old_left > 0 or new_left > 0:  # inside a hunk's body
+            tag = line[:1]
+            if tag == "\\":  # "\ No newline at end of file"
+                continue
+            if tag == "-":
+                removed.append(old_no)
+                old_no, old_left = old_no + 1, old_left - 1
+            elif tag == "+":
+                added.append(new_no)
+                new_no, new_left = new_no + 1, new_left - 1
+            else:  # context: the run of changes before it has ended
+                flush()
+                old_no, new_no, old_left, new_left = old_no + 1, new_no + 1, old_left - 1, new_left - 1
+            if old_left <= 0 and new_left <= 0:
+                flush()
+            continue
         if line.startswith("--- "):
             old_path = _file(line, "a/")
         elif line.startswith("+++ "):
             path = _file(line, "b/") if side == "new" else old_path
-        elif path is not None and (m := _HUNK.match(line)):
-            group = (1, 2) if side == "old" else (3, 4)
-            start = int(m.group(group[0]))
-            count = int(m.group(group[1])) if m.group(group[1]) is not None else 1
-            if count:
-                touched = set(range(start, start + count))
-            else:
-                touched = {max(start, 1)} if side == "new" else {max(start, 1), start + 1}
-            changed.setdefault(path, set()).update(touched)
+        elif m := _HUNK.match(line):
+            old_start, new_start = int(m.group(1)), int(m.group(3))
+            old_left = int(m.group(2)) if m.group(2) is not None else 1
+            new_left = int(m.group(4)) if m.group(4) is not None else 1
+            # a side of no lines names the line before the hunk: its next line is the one after
+            old_no = old_start if old_left else old_start + 1
+            new_no = new_start if new_left else new_start + 1
     return changed
 
 

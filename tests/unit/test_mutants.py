@@ -210,11 +210,26 @@ def test_the_session_resumes_with_what_it_has_not_judged(tmp_path: Path) -> None
 def test_changed_lines_are_the_new_sides_lines() -> None:
     diff = (
         "--- a/thunder/distributed/utils.py\n+++ b/thunder/distributed/utils.py\n"
-        "@@ -10,2 +10,3 @@ def f():\n-x\n+y\n+z\n+w\n"
+        "@@ -10 +10,3 @@ def f():\n-x\n+y\n+z\n+w\n"
         "@@ -40 +41,0 @@\n-gone\n"
-        "--- a/thunder/old.py\n+++ /dev/null\n@@ -1,3 +0,0 @@\n"
+        "--- a/thunder/old.py\n+++ /dev/null\n@@ -1,3 +0,0 @@\n-a\n-b\n-c\n"
     )
     assert from_unified_diff(diff) == {"thunder/distributed/utils.py": {10, 11, 12, 41}}
+    old = {"thunder/distributed/utils.py": {10, 40}, "thunder/old.py": {1, 2, 3}}
+    assert from_unified_diff(diff, side="old") == old
+
+
+def test_context_lines_touch_nothing() -> None:
+    """git diff's and diff -u's three lines of context around a change are not the change; a
+    removed line that reads like a header ("-- x" removed is "--- x") is still a body line."""
+    diff = (
+        "--- a/thunder/distributed/transforms/fsdp_v2.py\n+++ b/thunder/distributed/transforms/fsdp_v2.py\n"
+        "@@ -216,7 +216,8 @@\n c1\n c2\n c3\n--- x\n+y\n+z\n c5\n c6\n c7\n"
+        "@@ -300,3 +301,4 @@\n c\n+inserted\n c\n c\n"
+    )
+    path = "thunder/distributed/transforms/fsdp_v2.py"
+    assert from_unified_diff(diff, side="old") == {path: {219, 300, 301}}
+    assert from_unified_diff(diff) == {path: {219, 220, 302}}
 
 
 def test_an_equivalent_counts_apart_unless_a_check_killed_it(tmp_path: Path) -> None:
