@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from conformance.mutants import equivalents, report, sites, trial
-from conformance.mutants.operators import NAMES
+from conformance.mutants.operators import NAMES, PRESETS
 from conformance.mutants.overlay import Overlay, installed_thunder
 from conformance.mutants.store import Session
 from conformance.mutants.verdict import EQUIVALENT, KIT_ERROR, OUTCOMES, Verdict
@@ -40,7 +40,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--files", nargs="+", default=list(sites.DEFAULT_FILES), help="Thunder-relative files to mutate")
     p.add_argument("--function", default=None, help="only mutants inside this function (its name)")
-    p.add_argument("--operators", nargs="+", default=None, help="only these operators (core/..., kit/...)")
+    p.add_argument(
+        "--operators",
+        nargs="+",
+        default=None,
+        help="only these operators (core/..., kit/...), or 'kept-running': those whose mutants tend to keep Thunder running",
+    )
     p.add_argument("--diff", default=None, metavar="A..B", help="only mutants on lines commits A..B changed")
     p.add_argument("--thunder-repo", type=Path, default=None, help="with --diff: a git checkout of Thunder")
     p.add_argument("--sample", type=int, default=None, metavar="N", help="a seeded sample of N mutants")
@@ -74,6 +79,8 @@ def select(args: argparse.Namespace, root: Path, cmap: CoverageMap) -> tuple[lis
                 f"--map {args.map}: made of another source of {path}; run --thunder-coverage on this Thunder"
             )
     every = sites.all_sites(root, args.files)
+    if args.operators is not None:
+        args.operators = [n for name in args.operators for n in PRESETS.get(name, (name,))]
     if args.operators is not None and (unknown := sorted(set(args.operators) - set(NAMES))):
         raise BadInput(f"--operators {' '.join(unknown)}: no such operator (python -m conformance.mutants --help)")
     chosen = [

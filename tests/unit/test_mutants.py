@@ -4,6 +4,7 @@ the equivalents file, the overlay, verdicts read off reports, scores, the resuma
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -302,3 +303,25 @@ def test_a_session_forgets_the_verdicts_of_one_outcome(tmp_path: Path) -> None:
     assert [m.id for m in session.pending()] == [every[0].id]
     assert [v.outcome for _, v, _ in session.judged()] == [SURVIVED]
     session.close()
+
+
+def test_kept_running_names_the_operators_that_tend_to_keep_thunder_running(tmp_path: Path, capsys) -> None:
+    """``--operators kept-running`` expands to the preset; the four left out are those whose
+    mutants mostly make Thunder raise or delete a check that always holds."""
+    from conformance.mutants.__main__ import main
+    from conformance.mutants.operators import KEPT_RUNNING, NAMES
+
+    assert set(NAMES) - set(KEPT_RUNNING) == {
+        "core/AddNot",
+        "core/ReplaceTrueWithFalse",
+        "core/ReplaceFalseWithTrue",
+        "kit/DeleteCallStatement",
+    }
+    path = "thunder/distributed/utils.py"
+    cmap = CoverageMap("0", {path: file_lines(installed_thunder() / path)}, {}, (), {})
+    (tmp_path / "map").mkdir()
+    (tmp_path / "map" / "coverage-map.json").write_text(json.dumps(cmap.to_json()))
+    args = ["--map", str(tmp_path / "map"), "--files", path, "--list", "--out", str(tmp_path / "m")]
+    assert main([*args, "--operators", "kept-running"]) == 0
+    listed = {line.split()[0].split(":")[2].split("#")[0] for line in capsys.readouterr().out.splitlines()}
+    assert listed and listed <= set(KEPT_RUNNING)
