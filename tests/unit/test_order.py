@@ -151,3 +151,29 @@ def test_ci_starts_each_world_once_with_one_idle_world() -> None:
             started += 1
         open_worlds -= set(lifetimes.to_close(c.id, open_worlds))
     assert started == len({world_of(c) for c in run})
+
+
+def test_first_failures_reads_each_records_first_must_fail_item_off_a_run(tmp_path: Path, capsys) -> None:
+    """tools/first_failures.py: items in the order they ended, each costing its own seconds;
+    a record's share is the time before its first item whose cell and area it must fail."""
+    import importlib.util
+    import types
+
+    from tests.planted.record import Expect
+
+    spec = importlib.util.spec_from_file_location("first_failures", ROOT / "tools" / "first_failures.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    ci = [c for c in profile("ci") if not c.simulated][:3]
+    items = [
+        {"id": f"t[{c.id}-{area}]", "cell": c.id, "area": area, "axes": c.axes(), "duration": 1.0, "ended_s": k}
+        for k, (c, area) in enumerate((c, a) for c in ci for a in ("numerics", "memory"))
+    ]
+    (tmp_path / "report.jsonl").write_text("\n".join(json.dumps(i) for i in reversed(items)))
+    third = ci[2].id
+
+    record = types.SimpleNamespace(areas={"memory": Expect(must=lambda c: c.id == third)})
+    ran = [dict(i, cell_obj=Cell(**i["axes"])) for i in sorted(items, key=lambda i: i["ended_s"])]
+    assert tool.shares(ran, record) == 5 / 6  # five items of a second each before it, of six
+    assert tool.shares(ran[:4], record) is None
