@@ -6,12 +6,11 @@ process and phase is the front end's seeded choice (conformance/frontend/chaos.p
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import signal
 from typing import Any
 
-from conformance.rank import progress
+from conformance.rank import inner, progress
 
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
@@ -21,5 +20,4 @@ def lose(fn: str, kwargs: dict[str, Any], process: int, phase: str, how: str) ->
     simulated world is the process's index, not the rank it acts as) is lost entering ``phase``."""
     armed = progress.lost_at(phase, SIGNALS[how]) if int(os.environ["RANK"]) == process else contextlib.nullcontext()
     with armed:
-        module_name, _, attr = fn.partition(":")
-        return getattr(importlib.import_module(module_name), attr)(**kwargs)
+        return inner.call(fn, kwargs)

@@ -12,10 +12,11 @@ nothing of it, and the map calls that cell's lines unknown.
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 from typing import Any
+
+from conformance.rank import inner
 
 _tracer: Any = None  # one coverage.Coverage per process, started on its first traced task
 
@@ -27,8 +28,7 @@ def traced(fn: str, kwargs: dict[str, Any], context: str, data_file: str, scope:
     tracer = _start(data_file, scope)
     tracer.switch_context(context)
     try:
-        module_name, _, attr = fn.partition(":")
-        return getattr(importlib.import_module(module_name), attr)(**kwargs)
+        return inner.call(fn, kwargs)
     finally:
         tracer.save()  # appends this task's lines to the rank's own data file
 
