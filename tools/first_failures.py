@@ -29,7 +29,7 @@ from conformance.matrix.cells import Cell  # noqa: E402
 from tests.planted.registry import RECORDS  # noqa: E402
 
 
-def shares(items: list[dict[str, Any]], record: Any) -> float | None:
+def share(items: list[dict[str, Any]], record: Any) -> float | None:
     """The share of the items' seconds before the record's first must-fail item (None: none)."""
     total, before = sum(i["duration"] for i in items), 0.0
     for item in items:
@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows = []
     for record in RECORDS:
-        early = shares(items, record)
+        early = share(items, record)
         if early is not None:
-            rows.append((record.name, early, shares(generation, record)))
+            rows.append((record.name, early, share(generation, record)))
     rows.sort(key=lambda r: -r[1])
     print("| record | run's order | generation order |")
     print("|---|---|---|")

@@ -175,5 +175,5 @@ def test_first_failures_reads_each_records_first_must_fail_item_off_a_run(tmp_pa
 
     record = types.SimpleNamespace(areas={"memory": Expect(must=lambda c: c.id == third)})
     ran = [dict(i, cell_obj=Cell(**i["axes"])) for i in sorted(items, key=lambda i: i["ended_s"])]
-    assert tool.shares(ran, record) == 5 / 6  # five items of a second each before it, of six
-    assert tool.shares(ran[:4], record) is None
+    assert tool.share(ran, record) == 5 / 6  # five items of a second each before it, of six
+    assert tool.share(ran[:4], record) is None
