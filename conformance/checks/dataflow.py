@@ -24,6 +24,9 @@ _ALIASES = {
     # basic slicing: FSDP unpads a gathered parameter so, keeping the padded storage under it
     "torch_slice_prim_impl",
 }  # fmt: skip
+# symbols that move a tensor to a device: no copy where it is already there (the reference
+# offloading transform's ``load`` on a CPU world)
+_MOVES = {"load"}
 
 
 @dataclasses.dataclass
@@ -66,12 +69,12 @@ def lifetimes(trace: Any, not_returned: Collection[str] = ()) -> tuple[dict[str,
                     life.last = end
         if bsym.sym.id == PrimIDs.RETURN:
             continue
-        aliasing = bsym.sym.name in _ALIASES and args and args[0].name in root
-        for out in tensors(bsym.flat_proxy_outs):
+        outs = tensors(bsym.flat_proxy_outs)
+        for out, base in zip(outs, aliased_inputs(bsym, args, outs, root), strict=True):
             if out.name in root:
                 continue
-            if aliasing:
-                root[out.name] = root[args[0].name]
+            if base is not None:
+                root[out.name] = root[base]
             else:
                 root[out.name] = out.name
                 lives[out.name] = Lifetime(
@@ -80,21 +83,21 @@ def lifetimes(trace: Any, not_returned: Collection[str] = ()) -> tuple[dict[str,
     return lives, end
 
 
-def estimated_peak(trace: Any, device: torch.device | None = None) -> int:
-    """Peak of live bytes among tensors the trace produces (on ``device``, if given), from
-    its data flow alone."""
-    lives, end = lifetimes(trace)
-    events = [0] * (end + 2)
-    for life in lives.values():
-        if device is None or life.device == _thunder_device(device):
-            nbytes = life.nbytes if device is None else allocated_bytes(life.nbytes, device)
-            events[life.born] += nbytes
-            events[life.last + 1] -= nbytes
-    live = peak = 0
-    for delta in events:
-        live += delta
-        peak = max(peak, live)
-    return peak
+def aliased_inputs(bsym: Any, args: list[Any], outs: list[Any], known: Collection[str]) -> list[str | None]:
+    """For each of the bound symbol's tensor outputs, the name of the input whose storage
+    it views (None: a new storage); only inputs in ``known`` (whose storage is tracked)."""
+    name = bsym.sym.name
+    if name == "update_aliases":  # returns its inputs themselves
+        bases = [a.name for a in args]
+    elif name == "copy_" and len(args) > 1:  # copies into its second argument and returns it
+        bases = [args[1].name] * len(outs)
+    elif args and (
+        name in _ALIASES or (name in _MOVES and all(getattr(o, "device", None) == args[0].device for o in outs))
+    ):
+        bases = [args[0].name] * len(outs)  # ``Tensor.to`` a tensor's own device returns the tensor
+    else:
+        bases = []
+    return [base if base in known else None for base in bases] + [None] * (len(outs) - len(bases))
 
 
 def estimated_returned(
@@ -111,12 +114,12 @@ def estimated_returned(
         for life in lives.values()
         if life.last == end
         and not life.from_input
-        and life.device == _thunder_device(device)
+        and life.device == thunder_device(device)
         and (life.gathered or not gathered_only)
     )
 
 
-def _thunder_device(device: torch.device) -> str:
+def thunder_device(device: torch.device) -> str:
     from thunder.core.devices import to_device
 
     return str(to_device(device))

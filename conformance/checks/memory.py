@@ -50,7 +50,7 @@ import torch
 
 from conformance.checks.area import Area
 from conformance.checks.buckets import buckets
-from conformance.checks.dataflow import estimated_peak, estimated_returned
+from conformance.checks.dataflow import estimated_returned
 from conformance.checks.declared import UNBUCKETED
 from conformance.checks.findings import Findings
 from conformance.checks.margins import ESTIMATE_FACTOR, held_slack
@@ -61,6 +61,7 @@ from conformance.checks.memory_terms import (
     setup_estimate,
     terms,
 )
+from conformance.checks.plan import handed_to_backward, sized, walk
 from conformance.checks.record import MEASURED_STEP, CellRecord, SimulatedRecord
 from conformance.checks.storages import allocations, distinct_storages, padded_bytes
 
@@ -92,10 +93,9 @@ def check(run: CellRecord) -> Findings:
     backward = forward + eager.get("float32 backward", eager["backward"])
     traces = run.traces.by_phase()
     _held_after_forward(run, model, traces.get("forward"), found)
+    planned = _along_the_plan(run, traces, found)
     for phase, bound in (("forward", forward), ("backward", backward)):
-        trace = traces.get(phase)
-        diagnostic = estimated_peak(trace, run.device) if trace is not None else None
-        _bounded(found, phase, memory.peaks[phase], held + bound, estimate=diagnostic)
+        _bounded(found, phase, memory.peaks[phase], held + bound, estimate=planned.get(phase))
     return found
 
 
@@ -141,6 +141,45 @@ def _setup(run: CellRecord | SimulatedRecord, model: Terms, measured: int, found
     else:
         estimate = setup_estimate(run, model.resident)
     _bounded(found, "setup", measured, _setup_bound(run, model, estimate), estimate=estimate)
+
+
+def _along_the_plan(run: CellRecord, traces: dict[str, Any], found: Findings) -> dict[str, int]:
+    """The measured step's forward and backward peaks against the plan of Thunder's final
+    traces (``plan.walk``): each phase from what was alive when it began. The forward's
+    plan is its trace's. The backward phase is the kit's loss and autograd's way back to the
+    output (measured eagerly beside, ``record.LossRegion``), then Thunder's backward from
+    what was alive when the gradient reached it, owning the tensors its forward saved and
+    the gradient. On the CPU the runtime allocates exactly along the plan; more is a tensor
+    it keeps longer than the plan, or a copy the plan does not make. Returns each phase's
+    planned peak from the ledger's zero (the bounds' diagnostic)."""
+    memory, forward, backward = run.memory, traces.get("forward"), traces.get("backward")
+    if forward is None or backward is None or memory.loss is None:
+        return {}
+    device = torch.device(run.device)
+    f = walk(forward, device)
+    b = walk(backward, device, handed_to_backward(f, device))
+    began = {"forward": memory.held_before_forward, "backward": memory.held_before_forward + memory.alive_after_forward}
+    plans = {"forward": (f, f.peak), "backward": (b, max(memory.loss.peak, memory.loss.handed + b.peak))}
+    planned = {}
+    for phase, (along, plan) in plans.items():
+        rise = memory.peaks[phase] - began[phase]
+        planned[phase] = began[phase] + plan
+        found.metrics[f"{phase} peak along the plan"] = {
+            "measured": rise,
+            "plan": plan,
+            "at the plan's peak": along.at_peak,
+        }
+        if device.type != "cpu":
+            continue  # reported only: the caching allocator's and NCCL's allocations are not modelled yet
+        with found.expect(f"{phase} peak along the plan"):
+            excess = rise - plan
+            named = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in sized(along, excess))
+            assert excess <= 0, (
+                f"the {phase} allocated {rise} bytes at its peak, {excess} more than its trace's plan ({plan}): "
+                "the runtime keeps a tensor longer than the plan or copies one it does not"
+                + (f"; the plan drops tensors of exactly that size: {named}" if named else "")
+            )
+    return planned
 
 
 def _late_release(run: CellRecord) -> int:

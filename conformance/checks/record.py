@@ -152,6 +152,16 @@ class ModuleInit:
 
 
 @dataclasses.dataclass
+class LossRegion:
+    """The kit's loss and autograd's way back to the output, measured eagerly on the rank
+    (``conformance/rank/eager.loss_region``): the backward phase allocates it around
+    Thunder's backward."""
+
+    peak: int  # its peak over what was alive before the loss
+    handed: int  # alive when the output's gradient reaches Thunder (the gradient included)
+
+
+@dataclasses.dataclass
 class MemoryRecord:
     """Bytes on the rank's device. Setup's peak is of what setup allocated; the forward,
     backward and optimizer step of the measured step are read from the end of setup, so they
@@ -162,12 +172,14 @@ class MemoryRecord:
     alive_after_setup: int  # every live storage of more than one element right after setup, less the kit's own
     scalars_after_setup: int  # storages only 0-d tensors view, alive then (counted, not summed)
     alive_after_forward: int  # what the measured forward allocated and left alive at its end
+    held_before_forward: int  # what the Thunder side held when the measured forward began
     held_after_backward: list[int]  # the same after each backward (the forward's result released)
     held_after_step: list[int]  # bytes the Thunder side allocated in training and still held after each step
     step_peaks: list[int]  # each optimizer step's peak over what was held just before it
     eager_step_peaks: list[int]  # the same optimizer's, stepping eager tensors of the shard shapes
     saved: list[SavedTensor | None] | None  # held by the autograd node between forward and backward
     module_inits: list[ModuleInit] = dataclasses.field(default_factory=list)  # meta init only
+    loss: LossRegion | None = None  # around the measured backward
 
 
 @dataclasses.dataclass

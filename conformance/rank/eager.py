@@ -9,7 +9,7 @@ import copy
 import torch
 from torch import nn
 
-from conformance.checks.record import RankGradients
+from conformance.checks.record import LossRegion, RankGradients
 from conformance.rank.buffers import PerRank
 from conformance.rank.gather import cpu_copies
 
@@ -24,6 +24,20 @@ def float32_input(x: torch.Tensor) -> torch.Tensor:
 def loss(out: torch.Tensor, cotangent: torch.Tensor) -> torch.Tensor:
     """One rank's loss: its output weighted by a random cotangent."""
     return (out * cotangent).mean()
+
+
+def loss_region(out: torch.Tensor, cotangent: torch.Tensor, device: torch.device) -> LossRegion:
+    """What the backward phase allocates around Thunder's backward: the kit's loss and
+    autograd's way back to the output, measured eagerly on a leaf like the output. Its
+    peak, and what is alive when the output's gradient is handed over (the gradient, the
+    loss, autograd's seed): Thunder's backward begins from that."""
+    from conformance.rank.measure import measure
+
+    leaf = torch.zeros(out.shape, dtype=out.dtype, device=device, requires_grad=True)
+    with measure(device) as region:
+        leaf.register_hook(lambda grad: region.mark())
+        loss(leaf, cotangent).backward()
+    return LossRegion(region.peak, region.marks[0] if region.marks else 0)
 
 
 def unweighable(out: object, expected: torch.Tensor) -> str | None:

@@ -33,6 +33,12 @@ class Reading:
 
     peak: int = 0  # the most that the block's allocations held at once
     alive: int = 0  # what the block allocated and was still alive at its end
+    marks: list[int] = dataclasses.field(default_factory=list)  # what was alive at each ``mark()``
+    _alive_now: Any = dataclasses.field(default=None, repr=False)
+
+    def mark(self) -> None:
+        """Note what the block's allocations hold at this moment (while the block runs)."""
+        self.marks.append(self._alive_now())
 
 
 class _StorageTracker(TorchDispatchMode):
@@ -87,6 +93,7 @@ def measure(device: torch.device, settle: bool = False) -> Iterator[Reading]:
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
+        reading._alive_now = lambda: torch.cuda.memory_allocated(device) - base
         yield reading
         if settle:
             _settle_cuda()
@@ -95,6 +102,7 @@ def measure(device: torch.device, settle: bool = False) -> Iterator[Reading]:
         reading.alive = torch.cuda.memory_allocated(device) - base
         return
     with _StorageTracker(device) as tracker:
+        reading._alive_now = lambda: tracker.live
         yield reading
         if settle:
             _settle(tracker)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from conformance.checks.findings import ThunderReturnedWrong
-from conformance.checks.record import MEASURED_STEP, ParametersAfter, Replicas, SavedTensor, StepRecord
+from conformance.checks.record import MEASURED_STEP, LossRegion, ParametersAfter, Replicas, SavedTensor, StepRecord
 from conformance.checks.storages import distinct_storages
 from conformance.checks.traces import final_traces
 from conformance.rank import progress
@@ -34,6 +34,7 @@ from conformance.rank.eager import (
     float64_gradients,
     holding,
     loss,
+    loss_region,
     mean_loss,
     rank_gradients,
     unweighable,
@@ -52,6 +53,7 @@ class Training:
     peaks: dict[str, int] = dataclasses.field(default_factory=dict)  # forward, backward, step -> peak bytes
     eager_peaks: dict[str, int] = dataclasses.field(default_factory=dict)  # forward, backward of eager
     alive_after_forward: int = 0  # bytes the measured forward allocated and left alive
+    held_before_forward: int = 0  # bytes the Thunder side held when the measured forward began
     held_after_backward: list[int] = dataclasses.field(default_factory=list)  # the ledger after each backward
     held_after_step: list[int] = dataclasses.field(default_factory=list)  # ... after each step (gradients zeroed)
     # each optimizer step's peak over what was held before it, and the same optimizer's on
@@ -59,6 +61,7 @@ class Training:
     step_peaks: list[int] = dataclasses.field(default_factory=list)
     eager_step_peaks: list[int] = dataclasses.field(default_factory=list)
     saved: list[SavedTensor | None] | None = None  # held by the autograd node after the measured forward
+    loss: LossRegion | None = None  # around the measured backward
     timings: dict[str, float] = dataclasses.field(default_factory=dict)  # step<i>_s -> seconds
     # the Thunder module's optimizer of the last stage (AdamW), with its state: a scenario
     # steps on with it (``resume`` checkpoints it)
@@ -155,6 +158,8 @@ class _Lockstep:
         if (wrong := unweighable(out, ref_outs[rank])) is not None:
             raise ThunderReturnedWrong(f"step {step}: the Thunder module's output {wrong}")
         output = out.detach().clone().cpu()
+        if measured:
+            training.loss = loss_region(out, cotangents[rank], device)
         with ledger.phase() as backward, thunder_call("backward"):
             rank_loss = loss(out, cotangents[rank])
             rank_loss.backward()
@@ -235,6 +240,7 @@ class _Lockstep:
         if measured:
             training.peaks.update(forward=forward.peak, backward=backward.peak, step=optimizer_step.peak)
             training.alive_after_forward = forward.alive - held_before
+            training.held_before_forward = held_before
 
 
 def train(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: int) -> Training:

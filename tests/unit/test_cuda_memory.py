@@ -149,7 +149,7 @@ def test_a_simulated_world_is_read_on_the_cpu() -> None:
 
 
 def test_trace_estimates_round_each_storage_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    on = dataflow._thunder_device(CUDA)
+    on = dataflow.thunder_device(CUDA)
     lives = {
         "out": dataflow.Lifetime(100, 0, 3, on, False),  # returned
         "saved": dataflow.Lifetime(600, 1, 3, on, False),  # returned
@@ -158,8 +158,6 @@ def test_trace_estimates_round_each_storage_on_cuda(monkeypatch: pytest.MonkeyPa
     }
     monkeypatch.setattr(dataflow, "lifetimes", lambda trace, not_returned=(): (lives, 3))
     assert dataflow.estimated_returned(None, CUDA) == 512 + 1024
-    assert dataflow.estimated_peak(None, CUDA) == 4096 + 512 + 1024 + 512
-    assert dataflow.estimated_peak(None) == 4000 + 100 + 600 + 40  # every device: plain bytes
 
 
 def test_the_cuda_ledger_takes_off_what_a_collection_frees(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,134 @@
+"""Live bytes along a trace's plan: each tensor from the bound symbol that produces it until
+the ``del`` that drops its last name (past the end if returned), views sharing their
+base's storage. The trace is read as the promise of when each tensor exists, which the
+runtime must keep; never as a bound on what the plan itself should be (the model-derived
+bounds of the memory area judge that)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from conformance.checks.dataflow import aliased_inputs, thunder_device
+from conformance.checks.storages import allocated_bytes
+from transforms.policies import proxy_bytes
+
+# an input proxy -> the owner and bytes of the storage it lives in, if the trace owns it
+Handed = Callable[[Any], "tuple[str, int] | None"]
+
+
+@dataclasses.dataclass
+class Storage:
+    """One storage the trace allocated, named by the proxy that owns it."""
+
+    name: str
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: str
+    born: int  # index of the bound symbol that produced it
+    dropped: int | None = None  # index of the ``del`` that dropped its last name (None: never)
+
+
+@dataclasses.dataclass
+class Walk:
+    """A trace's live bytes along its plan, relative to what was alive when it began."""
+
+    peak: int  # the most alive at once, counting the bound symbol that runs at that moment
+    end: int  # alive when the trace returns
+    at_peak: list[str]  # the storages alive at the peak, by owner
+    allocated: dict[str, Storage]  # every storage the trace allocated (counted on the device)
+    owners: dict[str, str]  # every tensor name the trace binds -> the owner of its storage
+
+
+def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) -> Walk:
+    """Walk ``trace``'s bound symbols in order; only storages on ``device`` count, each as the
+    device's reading counts it (``allocated_bytes``). A storage the trace allocates lives
+    until no name views it. An input is its caller's, unless ``handed`` names the storage it
+    lives in: a saved tensor or a gradient that the backward is handed and nothing else
+    holds, freed the same way (inputs viewing one storage, one owner)."""
+    from thunder.core.prims import PrimIDs
+    from thunder.core.proxies import FutureTensorProxy, TensorProxy
+
+    def tensors(xs: Any) -> list[Any]:
+        return [x for x in xs if isinstance(x, (TensorProxy, FutureTensorProxy))]
+
+    here = thunder_device(device)
+    unpacks = {v for k, v in PrimIDs.__members__.items() if k.startswith("UNPACK")}
+    root: dict[str, str] = {}  # live name -> the owner of its storage
+    names: dict[str, int] = {}  # owner -> how many live names view it
+    nbytes: dict[str, int] = {}  # owner -> bytes counted (0: not counted)
+    allocated: dict[str, Storage] = {}
+    returned: set[str] = set()
+    owners: dict[str, str] = {}
+    live = peak = 0
+    at_peak: list[str] = []
+
+    def drop(name: str, at: int) -> None:
+        nonlocal live
+        owner = root.pop(name, None)
+        if owner is None:
+            return
+        names[owner] -= 1
+        if names[owner] == 0 and owner not in returned:
+            live -= nbytes[owner]
+            if owner in allocated:
+                allocated[owner].dropped = at
+
+    for i, bsym in enumerate(trace.bound_symbols):
+        if bsym.sym.id == PrimIDs.DEL:
+            for a in tensors(bsym.flat_proxy_args):
+                drop(a.name, i)
+            continue
+        if bsym.sym.id == PrimIDs.RETURN:
+            returned.update(root[a.name] for a in tensors(bsym.flat_proxy_args) if a.name in root)
+            continue
+        unpack = bsym.sym.id in unpacks
+        outs = tensors(bsym.flat_proxy_outs)
+        for out, base in zip(outs, aliased_inputs(bsym, tensors(bsym.flat_proxy_args), outs, root), strict=True):
+            if out.name in root:
+                continue
+            if base is not None:
+                owner = root[base]
+            elif unpack:
+                owner, counted = handed(out) or (out.name, 0)
+                nbytes.setdefault(owner, counted)
+            else:
+                owner = out.name
+                counted = allocated_bytes(proxy_bytes(out), device) if str(out.device) == here else 0
+                nbytes[owner] = counted
+                allocated[owner] = Storage(owner, counted, tuple(out.shape), str(out.dtype), i)
+                live += counted
+            root[out.name] = owners[out.name] = owner
+            names[owner] = names.get(owner, 0) + 1
+        if live > peak:
+            peak = live
+            at_peak = sorted({o for o in root.values() if nbytes.get(o)})
+    return Walk(peak, live, at_peak, allocated, owners)
+
+
+def handed_to_backward(forward: Walk, device: torch.device) -> Handed:
+    """What the backward owns of its inputs: the storages its forward allocated and saved
+    (several saved views of one storage are one), and the gradients autograd hands it,
+    which the forward never named. The forward's own inputs (parameters, the batch) stay
+    their holders'."""
+    here = thunder_device(device)
+
+    def handed(proxy: Any) -> tuple[str, int] | None:
+        owner = forward.owners.get(proxy.name)
+        if owner is None:
+            counted = allocated_bytes(proxy_bytes(proxy), device) if str(proxy.device) == here else 0
+            return proxy.name, counted
+        if owner in forward.allocated:
+            return owner, forward.allocated[owner].nbytes
+        return None
+
+    return handed
+
+
+def sized(walk: Walk, nbytes: int, limit: int = 4) -> list[Storage]:
+    """The storages of the plan of exactly ``nbytes`` that it drops before its end: what a
+    runtime keeping one of them longer than planned would add."""
+    return [s for s in walk.allocated.values() if s.nbytes == nbytes and s.dropped is not None][:limit]

@@ -1,0 +1,71 @@
+"""Peaks along the plan (conformance/checks/plan.py): a real FSDP module's forward and backward,
+measured by the rank's own tracker, allocate exactly what the walk of their final traces
+predicts; a runtime that keeps one tensor past its ``del`` is over it by that tensor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# mlp's layers sharded over 4 ranks of torch's fake process group (collectives move nothing,
+# but Thunder allocates their outputs as on a real world). KEEP names a tensor the runtime
+# is made to keep past its last use: ``torch.exp``'s output in the backward, held by a list.
+_STEP = """
+import json, os, sys, torch, torch.distributed as dist, thunder
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from thunder.distributed import FSDPType, fsdp
+from conformance.checks.plan import handed_to_backward, sized, walk
+from conformance.rank.eager import loss, loss_region
+from conformance.rank.measure import Ledger
+os.environ["LOCAL_RANK"] = "0"
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 7))
+tm = fsdp(thunder.jit(m), device=torch.device("cpu"), sharding_strategy=FSDPType.ZERO2)
+x, cpu = torch.randn(3, 8), torch.device("cpu")
+cot = torch.randn(3, 7)
+loss(tm(x), cot).backward()  # compiles
+tm.zero_grad(set_to_none=True)  # as the rank's steps end: the next gradients are new tensors
+kept = []
+if sys.argv[1] == "keep":
+    exp = torch.exp
+    torch.exp = lambda *a, **k: kept.append(exp(*a, **k)) or kept[-1]
+ledger = Ledger(cpu)  # as the rank reads: one tracker across both phases sees the saved tensors freed
+with ledger.phase() as forward:
+    out = tm(x)
+region = loss_region(out, cot, cpu)
+with ledger.phase() as backward:
+    loss(out, cot).backward()
+    del out
+f = walk(thunder.last_traces(tm)[-1], cpu)
+b = walk(thunder.last_backward_traces(tm)[-1], cpu, handed_to_backward(f, cpu))
+print(json.dumps({
+    "forward": [forward.peak, f.peak], "alive": [forward.alive, f.end],
+    "backward": [backward.peak - forward.alive, max(region.peak, region.handed + b.peak)],
+    "sized": [s.name for s in sized(b, 3 * 16 * 4)],
+}))
+"""
+
+
+def _step(how: str) -> dict[str, list]:
+    out = subprocess.run(
+        [sys.executable, "-c", _STEP, how], capture_output=True, text=True, timeout=300, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_runtime_allocates_along_the_plan_to_the_byte() -> None:
+    got = _step("plain")
+    for phase in ("forward", "alive", "backward"):
+        measured, planned = got[phase]
+        assert measured == planned, (phase, got)
+
+
+def test_a_tensor_kept_past_its_del_is_over_the_plan_by_its_bytes() -> None:
+    got = _step("keep")
+    assert got["forward"][0] == got["forward"][1]  # the forward calls no exp
+    measured, planned = got["backward"]
+    # GELU's backward exps one 3 x 16 float32 tensor; kept, it stays to the end of the phase
+    assert measured - planned == 3 * 16 * 4, got
+    assert got["sized"], "the plan names the tensors of that size it drops"
