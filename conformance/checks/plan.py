@@ -14,6 +14,7 @@ import torch
 
 from conformance.checks.dataflow import aliased_inputs, thunder_device
 from conformance.checks.storages import allocated_bytes
+from conformance.checks.traces import symbol_kinds
 from transforms.policies import proxy_bytes
 
 # an input proxy -> the owner and bytes of the storage it lives in, if the trace owns it
@@ -41,6 +42,7 @@ class Walk:
     at_peak: list[str]  # the storages alive at the peak, by owner
     allocated: dict[str, Storage]  # every storage the trace allocated (counted on the device)
     owners: dict[str, str]  # every tensor name the trace binds -> the owner of its storage
+    largest_gathered: int  # bytes of the largest storage an all-gather produced (0: none)
 
 
 def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) -> Walk:
@@ -56,6 +58,8 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
         return [x for x in xs if isinstance(x, (TensorProxy, FutureTensorProxy))]
 
     here = thunder_device(device)
+    gathers = {k for k, kind in symbol_kinds().items() if kind == "all_gather"}
+    largest_gathered = 0
     unpacks = {v for k, v in PrimIDs.__members__.items() if k.startswith("UNPACK")}
     root: dict[str, str] = {}  # live name -> the owner of its storage
     names: dict[str, int] = {}  # owner -> how many live names view it
@@ -101,12 +105,14 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
                 nbytes[owner] = counted
                 allocated[owner] = Storage(owner, counted, tuple(out.shape), str(out.dtype), i)
                 live += counted
+                if bsym.sym.id in gathers:
+                    largest_gathered = max(largest_gathered, counted)
             root[out.name] = owners[out.name] = owner
             names[owner] = names.get(owner, 0) + 1
         if live > peak:
             peak = live
             at_peak = sorted({o for o in root.values() if nbytes.get(o)})
-    return Walk(peak, live, at_peak, allocated, owners)
+    return Walk(peak, live, at_peak, allocated, owners, largest_gathered)
 
 
 def handed_to_backward(forward: Walk, device: torch.device) -> Handed:
