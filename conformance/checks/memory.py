@@ -1,6 +1,7 @@
 """Memory: what a rank holds and allocates, per phase, against bounds built from the model's
 arithmetic and from eager PyTorch, never from the traces of the Thunder under test but for
-what the forward leaves alive, judged against the forward trace's own plan.
+what the forward leaves alive and the peaks along the plan, where the runtime is judged
+against its traces' own plan.
 
 Measured on every rank by the rank side (``conformance/rank/measure.py``): setup's peak; a
 census of every live storage after setup; and, by a ledger of what the Thunder module's
@@ -37,8 +38,11 @@ Bounded:
   PR #118911), but makes the clone on its own thread, where the tracker (a thread-local
   dispatch mode) does not see it; NCCL reduce-scatters without a clone.
 
-Thunder's final traces give a diagnostic only: the peak of their data flow over what the
-phase allocates (``dataflow.py``), reported beside the measurement.
+Along the plan (``plan.py``): the measured step's forward and backward peaks, each from what
+was alive when its phase began, against the walk of Thunder's final traces (each tensor
+from its producer to the ``del`` of its last name; the backward after the kit's loss,
+measured eagerly beside): exact on the CPU but for gloo's late release of an all-gather's
+output. This judges the runtime against its plan, never the plan: the bounds above do.
 """
 
 from __future__ import annotations

@@ -51,7 +51,9 @@ def _around_transform_module(
         yield
 
 
-@planted({"collectives": Expect(TIED, NONE, "forward all_gathers: expected")})
+# FSDP's transform only: a tied DDP cell never gathers (its collectives item there is the pin's
+# known xfail, which a -x run passes over)
+@planted({"collectives": Expect(lambda c: TIED(c) and FSDP(c), NONE, "forward all_gathers: expected")})
 @contextlib.contextmanager
 def duplicate_tied_all_gather() -> Iterator[None]:
     """Forget which parameters are tied: every name of a tied weight is gathered (Thunder #602)."""

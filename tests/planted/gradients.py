@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.planted.cells import ALL, BF16, BF16_FSDP, BUCKETED, DDP, FSDP, NONE, has
+from tests.planted.cells import ALL, BF16, BF16_FSDP, BUCKETED, DDP, FSDP, NONE, Pred, has
 from tests.planted.patching import thunder_steps
 from tests.planted.record import Expect, planted
 
@@ -80,9 +80,14 @@ def gradient_off_later_step() -> Iterator[None]:
 # In float32 the elementwise tolerance (atol 1e-5) sees a scale of about 1e-4 at best (the
 # largest gradient element of ci's models is about 0.1); the gradient's scale against eager's
 # at the same weights, bounded by what float32's roundings do to eager (about 1.3e-7 on
-# litgpt), sees one ulp on every element (1.2e-7: 1.21 x the bound).
+# litgpt), sees one ulp on every element (1.2e-7: 1.21 x the bound). On ci's smaller models
+# the scatter of eager's roundings is wider than an ulp: every float32 FSDP cell of them
+# passed in a real -x run (mlp, dropout_head, root_owned, tied_lm, lora, tie_group).
+F32_FSDP: Pred = lambda c: not BF16(c) and FSDP(c)  # noqa: E731
+
+
 @planted(
-    {"numerics": Expect(lambda c: not BF16(c) and FSDP(c), NONE, "gradient scale at step 2")},
+    {"numerics": Expect(lambda c: F32_FSDP(c) and has("litgpt")(c), F32_FSDP, "gradient scale at step 2")},
     cells=(lambda c: not BF16(c) and FSDP(c) and has("litgpt")(c) and not c.simulated, BF16_FSDP, DDP),
 )
 @contextlib.contextmanager

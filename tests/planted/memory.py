@@ -282,3 +282,29 @@ def materialization_holds_two_modules() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(materialization, "module_init_from_original_module_init", init)
         yield
+
+
+@planted({"memory": Expect(ALL, NONE, "backward peak along the plan")})
+@contextlib.contextmanager
+def saved_tensors_kept_to_end() -> Iterator[None]:
+    """Thunder's backward holds a reference to every saved tensor until it returns (the
+    regression its ``ThunderFunction.backward`` guards against by emptying the list it
+    hands over): each saved tensor lives to the end of the backward instead of its last use.
+    Nothing outlives the backward and numerics are unchanged."""
+    from thunder.executors.torch_autograd import ThunderFunction
+
+    original = ThunderFunction.backward
+
+    def backward(ctx: Any, *args: Any) -> Any:
+        compiled = ctx.compiled_backward
+
+        def holding(saved: list, cotangents: Any) -> Any:
+            held = list(saved[0])  # noqa: F841 (held on purpose, to the end of the backward)
+            return compiled(saved, cotangents)
+
+        ctx.compiled_backward = holding
+        return original(ctx, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ThunderFunction, "backward", staticmethod(backward))
+        yield
