@@ -231,6 +231,52 @@ def _held_after_forward(run: CellRecord, model: Terms, forward: Any, found: Find
             f"{estimate} there (outputs and saved tensors): {alive - estimate} bytes kept beyond them"
         )
     zero3_saves_no_gathered(run, forward, model.unsharded, found, "memory held after forward under ZERO3")
+    _saved_against_plain_jit(run, forward, found)
+
+
+def _saved_against_plain_jit(run: CellRecord, forward: Any, found: Findings) -> None:
+    """What the distributed forward plans to keep for the backward, against plain
+    ``thunder.jit`` of the same model on the same rank, dtype and executors
+    (``rank/plain.py``): every tensor it allocates and returns but the all-gathers' outputs
+    (the output and the activations it saves) equals plain jit's, whose plan no distributed
+    transform touched; under FSDP's ZERO2 the gathered parameters it saves are the
+    parameters plain jit saves, each padded to the world size (ZERO3's are the row above's).
+    A transform that saves an activation twice, or keeps a gathered parameter plain jit
+    does not need, changes the plan itself, which the runtime then matches to the byte."""
+    plain = run.memory.plain
+    if plain is None:
+        return
+    what = "saved for the backward against plain jit"
+    with found.expect(what):
+        assert plain.error is None, f"plain thunder.jit of the same model raised: {plain.error}"
+        total = estimated_returned(forward, run.device)
+        gathered = estimated_returned(forward, run.device, gathered_only=True)
+        storages = distinct_storages(run.eager_model)
+        expected_gathered = 0
+        if not replicated(run) and run.cell.sharding != "zero3":
+            expected_gathered = allocations(
+                (padded_bytes(storages[n], run.cell.world_size) for n in plain.saved_parameters if n in storages),
+                run.device,
+            )
+        found.metrics[what] = {
+            "activations": total - gathered,
+            "plain jit": plain.returned,
+            "gathered": gathered,
+            "expected gathered": expected_gathered,
+            "plain jit saves": plain.saved_parameters,
+        }
+        problems = []
+        if total - gathered != plain.returned:
+            problems.append(
+                f"its forward returns {total - gathered} bytes it allocated beside gathered parameters "
+                f"(the output and the activations it saves); plain jit's returns {plain.returned}"
+            )
+        if run.cell.sharding != "zero3" and gathered != expected_gathered:
+            problems.append(
+                f"it saves {gathered} bytes of gathered parameters; plain jit saves {plain.saved_parameters}, "
+                f"{expected_gathered} bytes padded to {run.cell.world_size} ranks"
+            )
+        assert not problems, "; ".join(problems)
 
 
 def zero3_saves_no_gathered(run: CellRecord, forward: Any, unsharded: int, found: Findings, what: str) -> None:

@@ -162,6 +162,16 @@ class LossRegion:
 
 
 @dataclasses.dataclass
+class PlainPlan:
+    """Plain ``thunder.jit``'s forward plan for the cell's model on this rank
+    (``conformance/rank/plain.py``)."""
+
+    returned: int = 0  # bytes its forward allocates and returns: the output and the tensors it saves
+    saved_parameters: list[str] = dataclasses.field(default_factory=list)  # parameters it saves, by storage name
+    error: str | None = None  # why there is none: plain jit of the model raised
+
+
+@dataclasses.dataclass
 class MemoryRecord:
     """Bytes on the rank's device. Setup's peak is of what setup allocated; the forward,
     backward and optimizer step of the measured step are read from the end of setup, so they
@@ -180,6 +190,7 @@ class MemoryRecord:
     saved: list[SavedTensor | None] | None  # held by the autograd node between forward and backward
     module_inits: list[ModuleInit] = dataclasses.field(default_factory=list)  # meta init only
     loss: LossRegion | None = None  # around the measured backward
+    plain: PlainPlan | None = None  # the reference for the forward's plan (cells that do not offload)
 
 
 @dataclasses.dataclass

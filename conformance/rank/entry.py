@@ -8,6 +8,7 @@ every rank (``conformance.rank.entry:run_cell``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 from conformance.checks import draws
 from conformance.checks.findings import CellResult, identical, judged
-from conformance.checks.record import CellRecord, MemoryRecord, SetupRecord, StateDictRecord
+from conformance.checks.record import CellRecord, MemoryRecord, PlainPlan, SetupRecord, StateDictRecord
 from conformance.checks.registry import AREAS, applies
 from conformance.checks.traces import final_traces
 from conformance.matrix.cells import Cell
@@ -24,6 +25,7 @@ from conformance.matrix.plan import expects_reset_error
 from conformance.rank import clock, measure, progress
 from conformance.rank.build import EagerModel, Recipe, Unsupported, build_eager_model, compose, recipe
 from conformance.rank.gather import clones, cpu_copies, on_every_rank, rank_device
+from conformance.rank.plain import plain_plan
 from conformance.rank.scenarios import run_scenario
 from conformance.rank.simulate import run_simulated
 from conformance.rank.train import generator, train
@@ -74,6 +76,9 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset()) -> CellRecord:
     training = train(parts, eager_model, tm, rank, world)
     traces = final_traces(tm)  # before a scenario compiles a computation of its own
     offloading = offload_decision(composed.transforms)  # of the compilation those traces are
+    began = time.perf_counter()
+    plain = reference_plan(parts)
+    plain_s = time.perf_counter() - began  # a compile where this world has not met the key yet
     progress.at(f"scenario {cell.scenario}")
     scenario = run_scenario(cell.scenario, parts, eager_model, tm, training.optimizer, rank, world)
     progress.at("state dict round trip")
@@ -105,11 +110,30 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset()) -> CellRecord:
             saved=training.saved,
             module_inits=eager_model.module_inits,
             loss=training.loss,
+            plain=plain,
         ),
-        timings={"setup_s": composed.setup_s, **training.timings, "thunder_s": clock.thunder_s()},
+        timings={
+            "setup_s": composed.setup_s,
+            **training.timings,
+            "plain_jit_s": plain_s,
+            "thunder_s": clock.thunder_s(),
+        },
         scenario=scenario,
         declared=declared,
     )
+
+
+def reference_plan(parts: Recipe) -> PlainPlan | None:
+    """Plain jit's plan of the cell's model, the forward's reference (None where the cell
+    offloads: the offload area judges what that forward keeps). Plain jit raising is the
+    Thunder under test's failure, recorded for the memory area to report."""
+    if parts.cell.offload != "none":
+        return None
+    progress.at("plain jit")
+    try:
+        return plain_plan(parts)
+    except Exception as exc:
+        return PlainPlan(error=f"{type(exc).__name__}: {exc}")
 
 
 def offload_decision(transforms: list[Any]) -> Any:

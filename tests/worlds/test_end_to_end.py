@@ -165,6 +165,11 @@ def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
             for phase in ("setup", "forward", "backward"):
                 peak = metrics[f"{phase} peak"]
                 assert 0 < peak["measured"] <= peak["bound"] and peak["estimate"] > 0, (cell["id"], phase, peak)
+            for phase in ("forward", "backward"):
+                # the walk of the plan is exact: a runtime under it would show the kit's model wrong
+                along = metrics[f"{phase} peak along the plan"]
+                over = along["measured"] - along["plan"]
+                assert over == 0 or 0 < over <= along["gloo's late release"], (cell["id"], phase, along)
     assert set(offloading) == set(POLICIES) - {"none"} and all(offloading.values()), offloading
 
 
