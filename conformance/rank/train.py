@@ -285,9 +285,9 @@ def _eager_peaks(
     eager model's own training is untouched."""
     with measure(device) as forward:
         out = eager_model(x)
-    loss = (out * cotangent).mean()
+    rank_loss = loss(out, cotangent)
     with measure(device) as backward:
-        torch.autograd.grad(loss, [p for p in eager_model.parameters() if p.requires_grad])
+        torch.autograd.grad(rank_loss, [p for p in eager_model.parameters() if p.requires_grad])
     return {"forward": forward.peak, "backward": backward.peak}
 
 
