@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.planted.cells import ACCUMULATE, DDP, FSDP, INFER, NONE, RESHAPE, TRAINED_BUFFER
+from tests.planted.cells import ACCUMULATE, DDP, FSDP, INFER, NONE, PERSISTENT_BUFFER, RESHAPE, TRAINED_BUFFER, has
 from tests.planted.record import Expect, planted
 
 
@@ -109,8 +109,9 @@ def no_sync_never_ends() -> Iterator[None]:
 @planted(
     {
         "numerics": Expect(TRAINED_BUFFER, NONE, "buffers at step 0 (SGD) [norm.running_"),
-        # the planted forward's own copies of the buffers are alive during the forward
-        "memory": Expect(NONE, TRAINED_BUFFER),
+        # the planted forward's own copies of the buffers are alive during the forward: the
+        # peak along the plan sees them wherever the model has a buffer (litgpt's rope cache)
+        "memory": Expect(NONE, lambda c: TRAINED_BUFFER(c) or PERSISTENT_BUFFER(c) or has("litgpt")(c)),
     },
     cells=(TRAINED_BUFFER, lambda c: not TRAINED_BUFFER(c) and c.model.startswith("litgpt")),
 )
