@@ -45,14 +45,9 @@ def lifetimes(trace: Any, not_returned: Collection[str] = ()) -> tuple[dict[str,
     ``not_returned`` are taken as returned through a copy made after their last use (as the
     offloading transform returns them), so their return does not keep their storage alive."""
     from thunder.core.prims import PrimIDs
-    from thunder.core.proxies import FutureTensorProxy, TensorProxy
 
     gathers = {k for k, kind in symbol_kinds().items() if kind == "all_gather"}
-
-    def tensors(xs: Any) -> list[Any]:
-        return [x for x in xs if isinstance(x, (TensorProxy, FutureTensorProxy))]
-
-    unpacks = {v for k, v in PrimIDs.__members__.items() if k.startswith("UNPACK")}
+    tensors, unpacks = tensor_proxies, unpack_ids()
     root: dict[str, str] = {}  # proxy name -> name of the proxy that owns its storage
     lives: dict[str, Lifetime] = {}
     bsyms = [b for b in trace.bound_symbols if b.sym.id not in (PrimIDs.DEL,)]
@@ -81,6 +76,20 @@ def lifetimes(trace: Any, not_returned: Collection[str] = ()) -> tuple[dict[str,
                     proxy_bytes(out), i, i, str(out.device), bsym.sym.id in unpacks, bsym.sym.id in gathers
                 )
     return lives, end
+
+
+def tensor_proxies(xs: Any) -> list[Any]:
+    """The tensors (and collectives' future tensors) among a bound symbol's flat proxies."""
+    from thunder.core.proxies import FutureTensorProxy, TensorProxy
+
+    return [x for x in xs if isinstance(x, (TensorProxy, FutureTensorProxy))]
+
+
+def unpack_ids() -> set[Any]:
+    """Ids of the prims that bind a trace's inputs to names (its arguments, collections)."""
+    from thunder.core.prims import PrimIDs
+
+    return {v for k, v in PrimIDs.__members__.items() if k.startswith("UNPACK")}
 
 
 def aliased_inputs(bsym: Any, args: list[Any], outs: list[Any], known: Collection[str]) -> list[str | None]:

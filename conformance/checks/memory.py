@@ -231,10 +231,10 @@ def _held_after_forward(run: CellRecord, model: Terms, forward: Any, found: Find
             f"{estimate} there (outputs and saved tensors): {alive - estimate} bytes kept beyond them"
         )
     zero3_saves_no_gathered(run, forward, model.unsharded, found, "memory held after forward under ZERO3")
-    _saved_against_plain_jit(run, forward, found)
+    _saved_against_plain_jit(run, forward, estimate, found)
 
 
-def _saved_against_plain_jit(run: CellRecord, forward: Any, found: Findings) -> None:
+def _saved_against_plain_jit(run: CellRecord, forward: Any, total: int, found: Findings) -> None:
     """What the distributed forward plans to keep for the backward, against plain
     ``thunder.jit`` of the same model on the same rank, dtype and executors
     (``rank/plain.py``): every tensor it allocates and returns but the all-gathers' outputs
@@ -242,14 +242,14 @@ def _saved_against_plain_jit(run: CellRecord, forward: Any, found: Findings) -> 
     transform touched; under FSDP's ZERO2 the gathered parameters it saves are the
     parameters plain jit saves, each padded to the world size (ZERO3's are the row above's).
     A transform that saves an activation twice, or keeps a gathered parameter plain jit
-    does not need, changes the plan itself, which the runtime then matches to the byte."""
+    does not need, changes the plan itself, which the runtime then matches to the byte.
+    ``total``: what the forward's plan allocates and returns (the row above's estimate)."""
     plain = run.memory.plain
     if plain is None:
         return
     what = "saved for the backward against plain jit"
     with found.expect(what):
         assert plain.error is None, f"plain thunder.jit of the same model raised: {plain.error}"
-        total = estimated_returned(forward, run.device)
         gathered = estimated_returned(forward, run.device, gathered_only=True)
         storages = distinct_storages(run.eager_model)
         expected_gathered = 0

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from conformance.checks.dataflow import aliased_inputs, thunder_device
+from conformance.checks.dataflow import aliased_inputs, tensor_proxies, thunder_device, unpack_ids
 from conformance.checks.storages import allocated_bytes
 from conformance.checks.traces import symbol_kinds
 from transforms.policies import proxy_bytes
@@ -52,15 +52,10 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
     lives in: a saved tensor or a gradient that the backward is handed and nothing else
     holds, freed the same way (inputs viewing one storage, one owner)."""
     from thunder.core.prims import PrimIDs
-    from thunder.core.proxies import FutureTensorProxy, TensorProxy
 
-    def tensors(xs: Any) -> list[Any]:
-        return [x for x in xs if isinstance(x, (TensorProxy, FutureTensorProxy))]
-
-    here = thunder_device(device)
+    tensors, unpacks, here = tensor_proxies, unpack_ids(), thunder_device(device)
     gathers = {k for k, kind in symbol_kinds().items() if kind == "all_gather"}
     largest_gathered = 0
-    unpacks = {v for k, v in PrimIDs.__members__.items() if k.startswith("UNPACK")}
     root: dict[str, str] = {}  # live name -> the owner of its storage
     names: dict[str, int] = {}  # owner -> how many live names view it
     nbytes: dict[str, int] = {}  # owner -> bytes counted (0: not counted)
@@ -68,7 +63,8 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
     returned: set[str] = set()
     owners: dict[str, str] = {}
     live = peak = 0
-    at_peak: list[str] = []
+    alive: set[str] = set()  # owners counted and alive now
+    at_peak: set[str] = set()
 
     def drop(name: str, at: int) -> None:
         nonlocal live
@@ -78,6 +74,7 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
         names[owner] -= 1
         if names[owner] == 0 and owner not in returned:
             live -= nbytes[owner]
+            alive.discard(owner)
             if owner in allocated:
                 allocated[owner].dropped = at
 
@@ -99,20 +96,29 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
             elif unpack:
                 owner, counted = handed(out) or (out.name, 0)
                 nbytes.setdefault(owner, counted)
+                if counted:
+                    alive.add(owner)
             else:
                 owner = out.name
-                counted = allocated_bytes(proxy_bytes(out), device) if str(out.device) == here else 0
+                counted = _counted(out, device, here)
                 nbytes[owner] = counted
                 allocated[owner] = Storage(owner, counted, tuple(out.shape), str(out.dtype), i)
                 live += counted
+                if counted:
+                    alive.add(owner)
                 if bsym.sym.id in gathers:
                     largest_gathered = max(largest_gathered, counted)
             root[out.name] = owners[out.name] = owner
             names[owner] = names.get(owner, 0) + 1
         if live > peak:
-            peak = live
-            at_peak = sorted({o for o in root.values() if nbytes.get(o)})
-    return Walk(peak, live, at_peak, allocated, owners, largest_gathered)
+            peak, at_peak = live, set(alive)
+    return Walk(peak, live, sorted(at_peak), allocated, owners, largest_gathered)
+
+
+def _counted(proxy: Any, device: torch.device, here: str) -> int:
+    """The proxy's bytes as ``device``'s reading counts them (none for another device;
+    ``here``: the device as Thunder names it)."""
+    return allocated_bytes(proxy_bytes(proxy), device) if str(proxy.device) == here else 0
 
 
 def handed_to_backward(forward: Walk, device: torch.device) -> Handed:
@@ -125,8 +131,7 @@ def handed_to_backward(forward: Walk, device: torch.device) -> Handed:
     def handed(proxy: Any) -> tuple[str, int] | None:
         owner = forward.owners.get(proxy.name)
         if owner is None:
-            counted = allocated_bytes(proxy_bytes(proxy), device) if str(proxy.device) == here else 0
-            return proxy.name, counted
+            return proxy.name, _counted(proxy, device, here)
         if owner in forward.allocated:
             return owner, forward.allocated[owner].nbytes
         return None

@@ -12,6 +12,7 @@ from torch import nn
 from conformance.checks.record import LossRegion, RankGradients
 from conformance.rank.buffers import PerRank
 from conformance.rank.gather import cpu_copies
+from conformance.rank.measure import measure
 
 Tensors = dict[str, torch.Tensor]
 
@@ -31,8 +32,6 @@ def loss_region(out: torch.Tensor, cotangent: torch.Tensor, device: torch.device
     autograd's way back to the output, measured eagerly on a leaf like the output. Its
     peak, and what is alive when the output's gradient is handed over (the gradient, the
     loss, autograd's seed): Thunder's backward begins from that."""
-    from conformance.rank.measure import measure
-
     leaf = torch.zeros(out.shape, dtype=out.dtype, device=device, requires_grad=True)
     with measure(device) as region:
         leaf.register_hook(lambda grad: region.mark())
