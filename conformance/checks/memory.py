@@ -168,8 +168,9 @@ def _along_the_plan(run: CellRecord, traces: dict[str, Any], found: Findings) ->
     for phase, (along, plan) in plans.items():
         rise = memory.peaks[phase] - began[phase]
         # gloo's worker lets go of a finished all-gather's output a moment after ``wait()``
-        # returns (``_late_release``): the largest the plan gathers may outlive its ``del``
-        late = along.largest_gathered if run.backend == "gloo" else 0
+        # returns: in a phase that gathers, the model's largest gathered unit
+        # (``_late_release``, as the forward's bound allows it) may outlive its ``del``
+        late = _late_release(run) if along.largest_gathered else 0
         planned[phase] = began[phase] + plan
         found.metrics[f"{phase} peak along the plan"] = {
             "measured": rise,
