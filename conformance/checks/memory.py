@@ -38,11 +38,12 @@ Bounded:
   PR #118911), but makes the clone on its own thread, where the tracker (a thread-local
   dispatch mode) does not see it; NCCL reduce-scatters without a clone.
 
-Along the plan (``plan.py``): the measured step's forward and backward peaks, each from what
-was alive when its phase began, against the walk of Thunder's final traces (each tensor
-from its producer to the ``del`` of its last name; the backward after the kit's loss,
-measured eagerly beside): exact on the CPU but for gloo's late release of an all-gather's
-output. This judges the runtime against its plan, never the plan: the bounds above do.
+Along the plan (``memory_plan.py``, walking ``plan.py``): the measured step's forward and
+backward peaks, each from what was alive when its phase began, against the walk of
+Thunder's final traces (each tensor from its producer to the ``del`` of its last name; the
+backward after the kit's loss, measured eagerly beside): exact on the CPU but for gloo's
+late release of an all-gather's output. This judges the runtime against its plan, never the
+plan: the bounds above do; and what the forward saves, against plain ``thunder.jit``.
 """
 
 from __future__ import annotations
@@ -53,21 +54,20 @@ from typing import Any
 import torch
 
 from conformance.checks.area import Area
-from conformance.checks.buckets import buckets
 from conformance.checks.dataflow import estimated_returned
-from conformance.checks.declared import UNBUCKETED
 from conformance.checks.findings import Findings
 from conformance.checks.margins import ESTIMATE_FACTOR, held_slack
+from conformance.checks.memory_plan import along_the_plan, saved_against_plain_jit
 from conformance.checks.memory_terms import (
     Terms,
+    late_release,
     meta_setup,
     replicated,
     setup_estimate,
     terms,
 )
-from conformance.checks.plan import handed_to_backward, sized, walk
 from conformance.checks.record import MEASURED_STEP, CellRecord, SimulatedRecord
-from conformance.checks.storages import allocations, distinct_storages, padded_bytes
+from conformance.checks.storages import allocations
 
 # Thunder's forward on the torch executor runs decomposed, unfused: beside each intermediate
 # eager keeps, at most one more of the same size is alive, so twice eager's forward peak
@@ -93,11 +93,11 @@ def check(run: CellRecord) -> Findings:
         (s.nbytes for s in memory.saved or [] if s is not None and s.offloaded and s.device == str(run.device)),
         run.device,
     )
-    forward = model.unsharded + ACTIVATION_FACTOR * activations + copies + _late_release(run)
+    forward = model.unsharded + ACTIVATION_FACTOR * activations + copies + late_release(run)
     backward = forward + eager.get("float32 backward", eager["backward"])
     traces = run.traces.by_phase()
     _held_after_forward(run, model, traces.get("forward"), found)
-    planned = _along_the_plan(run, traces, found)
+    planned = along_the_plan(run, traces, found)
     for phase, bound in (("forward", forward), ("backward", backward)):
         _bounded(found, phase, memory.peaks[phase], held + bound, estimate=planned.get(phase))
     return found
@@ -147,72 +147,6 @@ def _setup(run: CellRecord | SimulatedRecord, model: Terms, measured: int, found
     _bounded(found, "setup", measured, _setup_bound(run, model, estimate), estimate=estimate)
 
 
-def _along_the_plan(run: CellRecord, traces: dict[str, Any], found: Findings) -> dict[str, int]:
-    """The measured step's forward and backward peaks against the plan of Thunder's final
-    traces (``plan.walk``): each phase from what was alive when it began. The forward's
-    plan is its trace's. The backward phase is the kit's loss and autograd's way back to the
-    output (measured eagerly beside, ``record.LossRegion``), then Thunder's backward from
-    what was alive when the gradient reached it, owning the tensors its forward saved and
-    the gradient. On the CPU the runtime allocates exactly along the plan; more is a tensor
-    it keeps longer than the plan, or a copy the plan does not make. Returns each phase's
-    planned peak from the ledger's zero (the bounds' diagnostic)."""
-    memory, forward, backward = run.memory, traces.get("forward"), traces.get("backward")
-    if forward is None or backward is None or memory.loss is None:
-        return {}
-    device = torch.device(run.device)
-    f = walk(forward, device)
-    b = walk(backward, device, handed_to_backward(f, device))
-    began = {"forward": memory.held_before_forward, "backward": memory.held_before_forward + memory.alive_after_forward}
-    plans = {"forward": (f, f.peak), "backward": (b, max(memory.loss.peak, memory.loss.handed + b.peak))}
-    planned = {}
-    for phase, (along, plan) in plans.items():
-        rise = memory.peaks[phase] - began[phase]
-        # gloo's worker lets go of a finished all-gather's output a moment after ``wait()``
-        # returns: in a phase that gathers, the model's largest gathered unit
-        # (``_late_release``, as the forward's bound allows it) may outlive its ``del``
-        late = _late_release(run) if along.largest_gathered else 0
-        planned[phase] = began[phase] + plan
-        found.metrics[f"{phase} peak along the plan"] = {
-            "measured": rise,
-            "plan": plan,
-            "gloo's late release": late,
-            "at the plan's peak": along.at_peak,
-        }
-        if device.type != "cpu":
-            continue  # reported only: the caching allocator's and NCCL's allocations are not modelled yet
-        with found.expect(f"{phase} peak along the plan"):
-            excess = rise - plan
-            named = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in sized(along, excess))
-            assert excess <= late, (
-                f"the {phase} allocated {rise} bytes at its peak, {excess} more than its trace's plan ({plan})"
-                + (f" and gloo's late release of its largest all-gather ({late})" if late else "")
-                + ": the runtime keeps a tensor longer than the plan or copies one it does not"
-                + (f"; the plan drops tensors of exactly that size: {named}" if named else "")
-            )
-    return planned
-
-
-def _late_release(run: CellRecord) -> int:
-    """What gloo may still hold when a phase is read: its worker thread lets go of a finished
-    all-gather's buffers a moment after ``wait()`` returns, so the forward's peak can include
-    one gathered unit more than the trace keeps, varying run to run. On gloo only, the largest
-    unit: a bucket as the cell's bucketing packs them, or one parameter where the xfails file
-    declares that this Thunder gathers per parameter (``declared.UNBUCKETED``): a bucket's
-    bytes there would hide a gathered parameter kept to the forward's end."""
-    if run.backend != "gloo" or replicated(run):  # DDP gathers nothing
-        return 0
-    storages = distinct_storages(run.eager_model)
-    world = run.cell.world_size
-    bucketing = "none" if UNBUCKETED in run.declared else run.cell.bucketing
-    return max(
-        (
-            allocations((padded_bytes(storages[n], world) for n in names), run.device)
-            for names in buckets(run.eager_model, bucketing).values()
-        ),
-        default=0,
-    )
-
-
 def _held_after_forward(run: CellRecord, model: Terms, forward: Any, found: Findings) -> None:
     """What the measured forward left alive, against what its trace returns (outputs and the
     tensors saved for the backward): anything more is a tensor the runtime keeps that the
@@ -232,56 +166,7 @@ def _held_after_forward(run: CellRecord, model: Terms, forward: Any, found: Find
             f"{estimate} there (outputs and saved tensors): {alive - estimate} bytes kept beyond them"
         )
     zero3_saves_no_gathered(run, forward, model.unsharded, found, "memory held after forward under ZERO3")
-    _saved_against_plain_jit(run, forward, estimate, found)
-
-
-def _saved_against_plain_jit(run: CellRecord, forward: Any, total: int, found: Findings) -> None:
-    """What the distributed forward plans to keep for the backward, against plain
-    ``thunder.jit`` of the same model on the same rank, dtype and executors
-    (``rank/plain.py``): every tensor it allocates and returns but the all-gathers' outputs
-    (the output and the activations it saves) equals plain jit's, whose plan no distributed
-    transform touched; under FSDP's ZERO2 the gathered parameters it saves are the
-    parameters plain jit saves, each padded to the world size (ZERO3's are the row above's).
-    A transform that saves an activation twice, or keeps a gathered parameter plain jit
-    does not need, changes the plan itself, which the runtime then matches to the byte.
-    ``total``: what the forward's plan allocates and returns (the row above's estimate)."""
-    plain = run.memory.plain
-    if plain is None:
-        return
-    what = "saved for the backward against plain jit"
-    with found.expect(what):
-        assert plain.error is None, f"plain thunder.jit of the same model raised: {plain.error}"
-        gathered = estimated_returned(forward, run.device, gathered_only=True)
-        storages = distinct_storages(run.eager_model)
-        expected_gathered = 0
-        if not replicated(run) and run.cell.sharding != "zero3":
-            expected_gathered = allocations(
-                (padded_bytes(storages[n], run.cell.world_size) for n in plain.saved_parameters if n in storages),
-                run.device,
-            )
-        found.metrics[what] = {
-            "activations": total - gathered,
-            "plain jit": plain.returned,
-            "gathered": gathered,
-            "expected gathered": expected_gathered,
-            "plain jit saves": plain.saved_parameters,
-        }
-        if torch.device(run.device).type != "cpu":
-            # reported only: a fusion executor's rematerialization may choose what to save
-            # around the collectives differently, and no GPU has run this row yet
-            return
-        problems = []
-        if total - gathered != plain.returned:
-            problems.append(
-                f"its forward returns {total - gathered} bytes it allocated beside gathered parameters "
-                f"(the output and the activations it saves); plain jit's returns {plain.returned}"
-            )
-        if run.cell.sharding != "zero3" and gathered != expected_gathered:
-            problems.append(
-                f"it saves {gathered} bytes of gathered parameters; plain jit saves {plain.saved_parameters}, "
-                f"{expected_gathered} bytes padded to {run.cell.world_size} ranks"
-            )
-        assert not problems, "; ".join(problems)
+    saved_against_plain_jit(run, forward, estimate, found)
 
 
 def zero3_saves_no_gathered(run: CellRecord, forward: Any, unsharded: int, found: Findings, what: str) -> None:

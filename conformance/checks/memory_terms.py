@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from conformance.checks.buckets import ddp_bucket_mb, ddp_buckets
+from conformance.checks.buckets import buckets, ddp_bucket_mb, ddp_buckets
 from conformance.checks.declared import UNBUCKETED
 from conformance.checks.record import CellRecord, SimulatedRecord
 from conformance.checks.setup_path import SetupPath, setup_path
@@ -179,3 +179,24 @@ def _counted(tensors: Iterable[torch.Tensor]) -> Iterator[int]:
     """Bytes of each tensor the census sums: 0-d ones (a BatchNorm's batch count) are counted
     apart, never summed (``rank/measure.census``)."""
     return (t.nbytes for t in tensors if t.dim())
+
+
+def late_release(run: CellRecord) -> int:
+    """What gloo may still hold when a phase is read: its worker thread lets go of a finished
+    all-gather's buffers a moment after ``wait()`` returns, so the forward's peak can include
+    one gathered unit more than the trace keeps, varying run to run. On gloo only, the largest
+    unit: a bucket as the cell's bucketing packs them, or one parameter where the xfails file
+    declares that this Thunder gathers per parameter (``declared.UNBUCKETED``): a bucket's
+    bytes there would hide a gathered parameter kept to the forward's end."""
+    if run.backend != "gloo" or replicated(run):  # DDP gathers nothing
+        return 0
+    storages = distinct_storages(run.eager_model)
+    world = run.cell.world_size
+    bucketing = "none" if UNBUCKETED in run.declared else run.cell.bucketing
+    return max(
+        (
+            allocations((padded_bytes(storages[n], world) for n in names), run.device)
+            for names in buckets(run.eager_model, bucketing).values()
+        ),
+        default=0,
+    )

@@ -39,6 +39,19 @@ def loss_region(out: torch.Tensor, cotangent: torch.Tensor, device: torch.device
     return LossRegion(region.peak, region.marks[0] if region.marks else 0)
 
 
+def eager_peaks(
+    eager_model: nn.Module, x: torch.Tensor, cotangent: torch.Tensor, device: torch.device
+) -> dict[str, int]:
+    """Eager's peaks for this rank's input; gradients are returned, not accumulated, so the
+    eager model's own training is untouched."""
+    with measure(device) as forward:
+        out = eager_model(x)
+    rank_loss = loss(out, cotangent)
+    with measure(device) as backward:
+        torch.autograd.grad(rank_loss, [p for p in eager_model.parameters() if p.requires_grad])
+    return {"forward": forward.peak, "backward": backward.peak}
+
+
 def unweighable(out: object, expected: torch.Tensor) -> str | None:
     """Why the Thunder module's output cannot be weighed by the loss eager's output is, if it
     cannot: not a tensor, another shape, dtype or device than eager's output, or one no op

@@ -30,6 +30,7 @@ from conformance.rank.dropout import drawn_masks, replayed
 from conformance.rank.eager import (
     Tensors,
     eager_gradients,
+    eager_peaks,
     float32_input,
     float64_gradients,
     holding,
@@ -168,10 +169,10 @@ class _Lockstep:
         backward_trace = final_traces(tm).backward  # the one Thunder ran last
         if measured:
             with self.eager_buffers.rank(rank, keep=False):
-                training.eager_peaks.update(_eager_peaks(eager_model, inputs[rank], cotangents[rank], device))
+                training.eager_peaks.update(eager_peaks(eager_model, inputs[rank], cotangents[rank], device))
             if twin is not None and self.twin_buffers is not None:  # the float32 twin's, below float32
                 with self.twin_buffers.rank(rank, keep=False):
-                    twin_peaks = _eager_peaks(twin, float32_input(inputs[rank]), cotangents[rank].float(), device)
+                    twin_peaks = eager_peaks(twin, float32_input(inputs[rank]), cotangents[rank].float(), device)
                 training.eager_peaks.update({f"float32 {k}": v for k, v in twin_peaks.items()})
         # FSDP averages gradients over ranks: the eager loss is the mean of the ranks' losses.
         mean_loss(ref_outs, cotangents).backward()
@@ -276,19 +277,6 @@ def _saved_tensors(out: torch.Tensor) -> list[SavedTensor | None] | None:
         SavedTensor(is_offloaded(t), str(t.device), t.untyped_storage().nbytes()) if t is not None else None
         for t in node.saved_tensors
     ]
-
-
-def _eager_peaks(
-    eager_model: nn.Module, x: torch.Tensor, cotangent: torch.Tensor, device: torch.device
-) -> dict[str, int]:
-    """Eager's peaks for this rank's input; gradients are returned, not accumulated, so the
-    eager model's own training is untouched."""
-    with measure(device) as forward:
-        out = eager_model(x)
-    rank_loss = loss(out, cotangent)
-    with measure(device) as backward:
-        torch.autograd.grad(rank_loss, [p for p in eager_model.parameters() if p.requires_grad])
-    return {"forward": forward.peak, "backward": backward.peak}
 
 
 def _shard_twins(module: nn.Module, world: int, device: torch.device) -> list[torch.Tensor]:

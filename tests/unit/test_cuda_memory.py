@@ -107,9 +107,9 @@ def test_setup_estimate_and_bounds_round_each_tensor() -> None:
     # the gloo allowance (the largest gathered bucket) rounds each of its tensors too
     gloo_on_cuda = _run(CUDA)
     gloo_on_cuda.backend = "gloo"
-    assert memory._late_release(gloo_on_cuda) == 1024
-    assert memory._late_release(_run(CPU)) == 960
-    assert memory._late_release(_run(CUDA)) == 0  # NCCL: no late release
+    assert memory_terms.late_release(gloo_on_cuda) == 1024
+    assert memory_terms.late_release(_run(CPU)) == 960
+    assert memory_terms.late_release(_run(CUDA)) == 0  # NCCL: no late release
 
 
 def test_ddp_setup_under_real_init_is_the_construction_exactly() -> None:
@@ -132,11 +132,11 @@ def test_ddp_setup_under_real_init_is_the_construction_exactly() -> None:
 def test_the_gloo_allowance_is_one_bucket_or_one_parameter_where_the_xfails_file_says_so() -> None:
     # LAYER buckets of MLP over 2 ranks: fc1 (960 + 80 B) and fc2 (640 + 32 B padded)
     layer = _run(CPU, bucketing="layer")
-    assert memory._late_release(layer) == 960 + 80
+    assert memory_terms.late_release(layer) == 960 + 80
     # a Thunder declared to gather per parameter has one parameter in flight, never a bucket:
     # a bucket's bytes would hide a gathered parameter kept to the forward's end
     layer.declared = frozenset({UNBUCKETED})
-    assert memory._late_release(layer) == 960
+    assert memory_terms.late_release(layer) == 960
 
 
 def test_shard_bytes_keeps_its_cpu_default() -> None:
