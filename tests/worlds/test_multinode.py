@@ -91,6 +91,9 @@ def test_a_world_spans_both_nodes(run: Run) -> None:
 
 
 def test_a_join_with_a_wrong_token_is_refused(run: Run, tmp_path: Path) -> None:
+    # xdist may hand this test to a worker whose run has not started a world yet: the agent
+    # joins while the first world starts, so start one before the stray comes
+    assert run.world.run(run.task("healthy"), TIMEOUT).ok
     stray = join(run.endpoint, "a guess", tmp_path / "stray.log")
     assert stray.wait(timeout=120) == 2
     refused = f"conformance.join: refused by the controller at {run.endpoint}: wrong token"
