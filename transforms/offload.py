@@ -151,9 +151,16 @@ class OffloadTransform(Transform):
             return trace
         bsyms = trace.bound_symbols
         last_use = {}
-        for i, bsym in enumerate(bsyms[:-1]):  # the return is not a use
-            for t in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs):
-                last_use[t.name] = i
+        for i, bsym in enumerate(bsyms[:-1]):  # the return is not a use, nor is a del
+            if bsym.sym.id != prims.PrimIDs.DEL:
+                for t in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs):
+                    last_use[t.name] = i
+        for name, i in last_use.items():
+            # after the dels that follow the last use: what that use freed is freed before
+            # the copy allocates (else the plan keeps it across an allocation)
+            while bsyms[i + 1].sym.id == prims.PrimIDs.DEL:
+                i += 1
+            last_use[name] = i
         new = from_trace(trace)
         after: dict[int, list[BoundSymbol]] = {}
         for t in chosen:

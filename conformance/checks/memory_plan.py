@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from conformance.checks.dataflow import estimated_returned
+from conformance.checks.dataflow import estimated_returned, tensor_proxies
 from conformance.checks.findings import Findings
 from conformance.checks.memory_terms import late_release, replicated
-from conformance.checks.plan import handed_to_backward, sized, walk
+from conformance.checks.plan import Walk, handed_to_backward, sized, walk
 from conformance.checks.record import CellRecord
 from conformance.checks.storages import allocations, distinct_storages, padded_bytes
 
@@ -43,10 +43,21 @@ def along_the_plan(run: CellRecord, traces: dict[str, Any], found: Findings) -> 
         # (``memory_terms.late_release``, as the forward's bound allows it) may outlive its ``del``
         late = late_release(run) if along.largest_gathered else 0
         planned[phase] = began[phase] + plan
+        with found.expect(f"{phase} plan frees at last use"):
+            # the trace read against its own data flow, on every device (no allocator involved).
+            # Per tensor, not only at the peak: the kit's models are small, so their peaks sit
+            # where the parameters are gathered; a real model's sit where a late free shows
+            assert not along.late, (
+                f"the {phase}'s trace keeps tensors past their last use across allocations (its peak "
+                f"{along.peak - along.prompt_peak} bytes over the same trace freeing each at its last use): "
+                + "; ".join(along.late[:4])
+                + (f"; {len(along.late) - 4} more" if len(along.late) > 4 else "")
+            )
         found.metrics[f"{phase} peak along the plan"] = {
             "measured": rise,
             "plan": plan,
             "gloo's late release": late,
+            "freed at last use": along.prompt_peak,
             "at the plan's peak": along.at_peak,
         }
         if device.type != "cpu":
@@ -60,7 +71,30 @@ def along_the_plan(run: CellRecord, traces: dict[str, Any], found: Findings) -> 
                 + ": the runtime keeps a tensor longer than the plan or copies one it does not"
                 + (f"; the plan drops tensors of exactly that size: {named}" if named else "")
             )
+    if device.type == "cpu" and not replicated(run):
+        shards_returned_uncopied(backward, b, found)
     return planned
+
+
+def shards_returned_uncopied(backward: Any, b: Walk, found: Findings) -> None:
+    """FSDP's arithmetic for the backward's gradients: each is reduce-scattered into a shard,
+    and that shard is the gradient the backward returns (its storage, viewed at most). A
+    gradient returned from any other storage is a copy the plan makes of a shard, one
+    shard's bytes more while both live. On the CPU only: a fusion executor may produce the
+    returned views inside a region."""
+    from thunder.core.prims import PrimIDs
+
+    with found.expect("backward returns its reduce-scatters' outputs"):
+        [ret] = [bsym for bsym in backward.bound_symbols if bsym.sym.id == PrimIDs.RETURN]
+        copied = []
+        for grad in tensor_proxies(ret.flat_proxy_args):
+            storage = b.allocated.get(b.owners.get(grad.name, ""))
+            if storage is None:
+                copied.append(f"{grad.name} {list(grad.shape)}, a storage the backward did not allocate")
+            elif storage.collective != "reduce_scatter":
+                by = storage.collective or "no collective"
+                copied.append(f"{grad.name} {list(grad.shape)}, allocated by bound symbol {storage.born} ({by})")
+        assert not copied, "it returns gradients that are not its reduce-scatters' outputs: " + "; ".join(copied)
 
 
 def saved_against_plain_jit(run: CellRecord, forward: Any, total: int, found: Findings) -> None:

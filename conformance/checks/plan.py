@@ -6,6 +6,7 @@ bounds of the memory area judge that)."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,7 @@ class Storage:
     dtype: str
     born: int  # index of the bound symbol that produced it
     dropped: int | None = None  # index of the ``del`` that dropped its last name (None: never)
+    collective: str = ""  # the kind of collective that allocated it ("": none)
 
 
 @dataclasses.dataclass
@@ -43,6 +45,10 @@ class Walk:
     allocated: dict[str, Storage]  # every storage the trace allocated (counted on the device)
     owners: dict[str, str]  # every tensor name the trace binds -> the owner of its storage
     largest_gathered: int  # bytes of the largest storage an all-gather produced (0: none)
+    prompt_peak: int  # the peak were each storage freed right after its last use
+    # storages kept across an allocation after their last use: a plan that frees late, which
+    # raises a peak wherever that allocation is the peak (on a real model, if not on the cell's)
+    late: list[str]
 
 
 def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) -> Walk:
@@ -54,7 +60,7 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
     from thunder.core.prims import PrimIDs
 
     tensors, unpacks, here = tensor_proxies, unpack_ids(), thunder_device(device)
-    gathers = {k for k, kind in symbol_kinds().items() if kind == "all_gather"}
+    kinds = symbol_kinds()
     largest_gathered = 0
     root: dict[str, str] = {}  # live name -> the owner of its storage
     names: dict[str, int] = {}  # owner -> how many live names view it
@@ -65,6 +71,8 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
     live = peak = 0
     alive: set[str] = set()  # owners counted and alive now
     at_peak: set[str] = set()
+    last: dict[str, int] = {}  # owner -> index of the last bound symbol that reads or writes it
+    freed: dict[str, int] = {}  # owner -> index of the ``del`` that freed it
 
     def drop(name: str, at: int) -> None:
         nonlocal live
@@ -75,6 +83,7 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
         if names[owner] == 0 and owner not in returned:
             live -= nbytes[owner]
             alive.discard(owner)
+            freed[owner] = at
             if owner in allocated:
                 allocated[owner].dropped = at
 
@@ -87,6 +96,9 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
             returned.update(root[a.name] for a in tensors(bsym.flat_proxy_args) if a.name in root)
             continue
         unpack = bsym.sym.id in unpacks
+        for a in tensors(bsym.flat_proxy_args):
+            if a.name in root:
+                last[root[a.name]] = i
         outs = tensors(bsym.flat_proxy_outs)
         for out, base in zip(outs, aliased_inputs(bsym, tensors(bsym.flat_proxy_args), outs, root), strict=True):
             if out.name in root:
@@ -102,17 +114,52 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
                 owner = out.name
                 counted = _counted(out, device, here)
                 nbytes[owner] = counted
-                allocated[owner] = Storage(owner, counted, tuple(out.shape), str(out.dtype), i)
+                dtype, kind = str(out.dtype).removeprefix("thunder.dtypes."), kinds.get(bsym.sym.id, "")
+                allocated[owner] = Storage(owner, counted, tuple(out.shape), dtype, i, collective=kind)
                 live += counted
                 if counted:
                     alive.add(owner)
-                if bsym.sym.id in gathers:
+                if kind == "all_gather":
                     largest_gathered = max(largest_gathered, counted)
             root[out.name] = owners[out.name] = owner
             names[owner] = names.get(owner, 0) + 1
+            last[owner] = i
         if live > peak:
             peak, at_peak = live, set(alive)
-    return Walk(peak, live, sorted(at_peak), allocated, owners, largest_gathered)
+    for owner, count in names.items():  # never dropped, never returned: freed at the return
+        if count and owner not in returned:
+            freed.setdefault(owner, len(trace.bound_symbols))
+    prompt = _prompt_peak(len(trace.bound_symbols), allocated, nbytes, last, freed)
+    births = sorted(s.born for s in allocated.values() if s.nbytes)
+    late = [
+        f"{o} {_shape(allocated.get(o))}({nbytes[o]} B) used last at bound symbol {last[o]}, dropped at {freed[o]}"
+        for o in sorted(freed, key=freed.get)
+        if nbytes[o] and bisect.bisect_right(births, last[o]) < bisect.bisect_left(births, freed[o])
+    ]
+    return Walk(peak, live, sorted(at_peak), allocated, owners, largest_gathered, prompt, late)
+
+
+def _shape(storage: Storage | None) -> str:
+    return f"{storage.dtype}{list(storage.shape)} " if storage else ""
+
+
+def _prompt_peak(
+    n: int, allocated: dict[str, Storage], nbytes: dict[str, int], last: dict[str, int], freed: dict[str, int]
+) -> int:
+    """The trace's peak had each storage it frees been freed right after the last bound
+    symbol that uses it (what ``del_last_used`` promises): the plan without late frees. A
+    handed storage was alive when the trace began, so only its free counts."""
+    change = [0] * (n + 1)
+    for owner, counted in nbytes.items():
+        if owner in allocated:
+            change[allocated[owner].born] += counted
+        if owner in freed:
+            change[last[owner] + 1] -= counted
+    live = peak = 0
+    for delta in change[:n]:
+        live += delta
+        peak = max(peak, live)
+    return peak
 
 
 def _counted(proxy: Any, device: torch.device, here: str) -> int:
