@@ -32,6 +32,7 @@ from conformance.checks.dataflow import estimated_returned
 from conformance.checks.findings import Findings
 from conformance.checks.margins import held_slack
 from conformance.checks.memory import zero3_saves_no_gathered
+from conformance.checks.memory_plan import saved_against_plain_jit
 from conformance.checks.memory_terms import terms
 from conformance.checks.record import CellRecord
 from conformance.checks.storages import allocations
@@ -161,6 +162,8 @@ def check(run: CellRecord) -> Findings:
     if handed is not None:
         unsharded = terms(run).unsharded
         zero3_saves_no_gathered(run, handed, unsharded, found, "held between forward and backward under ZERO3")
+        # the forward before offloading is the plan plain jit's is the reference for
+        saved_against_plain_jit(run, handed, estimated_returned(handed, run.device), found)
     return found
 
 

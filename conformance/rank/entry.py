@@ -124,11 +124,9 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset()) -> CellRecord:
 
 
 def reference_plan(parts: Recipe) -> PlainPlan | None:
-    """Plain jit's plan of the cell's model, the forward's reference (None where the cell
-    offloads: the offload area judges what that forward keeps). Plain jit raising is the
-    Thunder under test's failure, recorded for the memory area to report."""
-    if parts.cell.offload != "none":
-        return None
+    """Plain jit's plan of the cell's model, the reference for what the forward saves (where
+    the cell offloads, for the forward Thunder handed the offloading transform). Plain jit
+    raising is the Thunder under test's failure, recorded for the memory area to report."""
     progress.at("plain jit")
     try:
         return plain_plan(parts)
