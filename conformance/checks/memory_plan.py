@@ -85,7 +85,9 @@ def shards_returned_uncopied(backward: Any, b: Walk, found: Findings) -> None:
     from thunder.core.prims import PrimIDs
 
     with found.expect("backward returns its reduce-scatters' outputs"):
-        [ret] = [bsym for bsym in backward.bound_symbols if bsym.sym.id == PrimIDs.RETURN]
+        returns = [bsym for bsym in backward.bound_symbols if bsym.sym.id == PrimIDs.RETURN]
+        assert len(returns) == 1, f"the backward trace has {len(returns)} return statements, not one"
+        [ret] = returns
         copied = []
         for grad in tensor_proxies(ret.flat_proxy_args):
             storage = b.allocated.get(b.owners.get(grad.name, ""))
