@@ -16,7 +16,7 @@ from conformance.frontend.lifetimes import Lifetimes, WorldKey
 from conformance.frontend.probing import PROBE, ask
 from conformance.matrix import order
 from conformance.matrix.cells import Cell
-from conformance.matrix.profiles import cells
+from conformance.matrix.profiles import carries_plain_jit, cells
 from conformance.matrix.simulated import world_of
 from conformance.reports import coverage_map, environment
 from conformance.reports.session import SessionInfo
@@ -232,10 +232,11 @@ class Runner:
         return protocol.Task(TRACED, {**kwargs, "scope": list(coverage_map.SCOPE)})
 
     def cell_payload(self, cell: Cell) -> dict[str, Any]:
-        """What a rank is handed for ``cell``: its axes, and what the xfails file declares of
-        the Thunder under test there (conformance/checks/declared.py)."""
+        """What a rank is handed for ``cell``: its axes, what the xfails file declares of the
+        Thunder under test there (conformance/checks/declared.py), and whether the profile
+        has it compile plain jit's reference."""
         declared = xfails.declared(self.expectations, cell, self.thunder_version, self.session.backend)
-        return {"axes": cell.axes(), "declared": declared}
+        return {"axes": cell.axes(), "declared": declared, "plain_jit": carries_plain_jit(self.session.profile, cell)}
 
     def known(self, cell: Cell, area: str) -> list[xfails.Expectation]:
         """The xfails entries that cover ``cell`` in ``area`` for the Thunder under test."""

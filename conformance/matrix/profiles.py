@@ -98,6 +98,14 @@ def _runnable(cell: Cell, unsupported: Collection[str]) -> Cell | None:
     return cell
 
 
+def carries_plain_jit(profile: str, cell: Cell) -> bool:
+    """Whether a rank compiles plain ``thunder.jit`` of the cell's model, the reference for what
+    the forward saves (``rank/plain.py``). ci carries it where it is cheapest, on the cells
+    that do not offload: on the offloading ones too, it cost ci 157 s of its 655 (1.24x, 33
+    compiles against 14); every other profile carries it on every cell."""
+    return profile != "ci" or cell.offload == "none"
+
+
 def cells(profile: str, world_size: int, unsupported: Mapping[str, str], contract: bool = True) -> list[Cell]:
     """The profile's cells at the session's world size (and the boundary sizes).
     ``unsupported``: a value of a probed axis (a composition, an offload policy, an executor) -> why the

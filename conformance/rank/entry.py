@@ -34,10 +34,11 @@ from conformance.rank.train import generator, train
 _ROUND_TRIP_KEY = 1_000
 
 
-def run_cell(axes: dict[str, Any], declared: Sequence[str] = ()) -> dict[str, Any]:
+def run_cell(axes: dict[str, Any], declared: Sequence[str] = (), plain_jit: bool = True) -> dict[str, Any]:
     """Every applicable check area's findings on this rank, or why the cell could not be
     built, as JSON for the controller. ``declared``: what the xfails file declares of the
-    Thunder under test in this cell (conformance/checks/declared.py)."""
+    Thunder under test in this cell (conformance/checks/declared.py); ``plain_jit``: whether
+    to compile plain jit's reference (``matrix.profiles.carries_plain_jit``)."""
     cell = Cell(**axes)
     progress.at("starting the cell")
     if cell.simulated:
@@ -45,7 +46,7 @@ def run_cell(axes: dict[str, Any], declared: Sequence[str] = ()) -> dict[str, An
     areas = [area for name, area in AREAS.items() if applies(cell, name)]
     refused = expects_reset_error(cell)  # a negative cell: only its refusal is judged
     try:
-        run = drive(cell, frozenset(declared))
+        run = drive(cell, frozenset(declared), plain_jit)
     except Unsupported as exc:
         return CellResult(unsupported=str(exc)).to_json()
     except TypeError as exc:
@@ -58,7 +59,7 @@ def run_cell(axes: dict[str, Any], declared: Sequence[str] = ()) -> dict[str, An
     return CellResult({area.name: judged(area.check, run) for area in areas}, run.timings).to_json()
 
 
-def drive(cell: Cell, declared: frozenset[str] = frozenset()) -> CellRecord:
+def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = True) -> CellRecord:
     """Build the cell, record its setup, train it, run its scenario, round-trip its state dict."""
     rank, world = dist.get_rank(), dist.get_world_size()
     clock.restart()
@@ -77,7 +78,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset()) -> CellRecord:
     traces = final_traces(tm)  # before a scenario compiles a computation of its own
     offloading = offload_decision(composed.transforms)  # of the compilation those traces are
     began = time.perf_counter()
-    plain = reference_plan(parts)
+    plain = reference_plan(parts) if plain_jit else None
     plain_s = time.perf_counter() - began  # a compile where this world has not met the key yet
     progress.at(f"scenario {cell.scenario}")
     scenario = run_scenario(cell.scenario, parts, eager_model, tm, training.optimizer, rank, world)

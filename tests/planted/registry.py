@@ -41,8 +41,10 @@ RECORDS: tuple[PlantedBug, ...] = tuple(walk())
 BUGS: dict[str, PlantedBug] = {bug.name: bug for bug in RECORDS}
 
 
-def run_cell_with_bug(bug: str, axes: dict[str, Any], declared: Sequence[str] = ()) -> dict[str, Any]:
+def run_cell_with_bug(
+    bug: str, axes: dict[str, Any], declared: Sequence[str] = (), plain_jit: bool = True
+) -> dict[str, Any]:
     from conformance.rank.entry import run_cell
 
     with BUGS[bug].patch():
-        return run_cell(axes, declared)
+        return run_cell(axes, declared, plain_jit)

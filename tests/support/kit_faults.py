@@ -73,11 +73,13 @@ FAULTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
 LOST_AT_ENV = "CONFORMANCE_LOST_AT"
 
 
-def run_cell_with_fault(fault: str, axes: dict[str, Any], declared: Sequence[str] = ()) -> dict[str, Any]:
+def run_cell_with_fault(
+    fault: str, axes: dict[str, Any], declared: Sequence[str] = (), plain_jit: bool = True
+) -> dict[str, Any]:
     from conformance.rank.entry import run_cell
 
     with FAULTS[fault]():
-        return run_cell(axes, declared)
+        return run_cell(axes, declared, plain_jit)
 
 
 # Faults of the composition probe (plant_plugin swaps the probe's task, not the cell's).
