@@ -38,5 +38,7 @@ def test_growth_over_the_baseline_fails(tmp_path: Path) -> None:
     failed = [c for c in grown.report["cells"] if c["outcome"] == "failed"]
     assert failed and all("backward peak grew from" in c["message"] for c in failed)
     compared = json.loads((grown.report_dir / "compare.json").read_text())
-    assert {(m["cell"], m["metric"]) for m in compared["metrics"]} == {(c["cell"], "backward peak") for c in failed}
+    # timings move too (plain jit compiles where a world first meets its key): only the memory metrics are judged here
+    memory = {(m["cell"], m["metric"]) for m in compared["metrics"] if not m["metric"].endswith("_s")}
+    assert memory == {(c["cell"], "backward peak") for c in failed}
     assert "### Newly failing" in grown.summary
