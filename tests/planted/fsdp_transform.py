@@ -222,7 +222,9 @@ def buffers_not_broadcast() -> Iterator[None]:
 # take another path
 @planted(
     {
-        "collectives": Expect(BF16_FSDP, NONE, "backward reduce_scatter dtypes: expected the gradients' dtype bfloat16"),
+        "collectives": Expect(
+            BF16_FSDP, NONE, "backward reduce_scatter dtypes: expected the gradients' dtype bfloat16"
+        ),
         # the gradient returned is the cast back, a copy of the shard (memory_plan's row)
         "memory": Expect(NONE, BF16_FSDP),
     },
