@@ -11,6 +11,12 @@ only fail sooner): so each share is what a run with -x would spend before its fi
 at most. The kit's planted tests hold that each record fails on exactly those cells. Prints a
 Markdown table, the medians and the worst; records that fail on no real cell of ci (the
 at-scale ones, seen on simulated worlds) are left out.
+
+    python tools/first_failures.py reports/ --measured runs/   # runs/<record>/report.jsonl
+
+With ``--measured``, each record's real ``-x`` run of ci (one report folder per record, named
+for it) gives the item it stopped at: the share is the clean run's seconds of the items the
+``-x`` run passed before it, beside the prediction.
 """
 
 from __future__ import annotations
@@ -40,15 +46,54 @@ def share(items: list[dict[str, Any]], record: Any) -> float | None:
     return None
 
 
+def measured(clean: dict[str, float], ran: list[dict[str, Any]]) -> tuple[float, dict[str, Any]] | None:
+    """The clean run's share of seconds (``clean``: item id -> seconds) spent on the items a
+    ``-x`` run ran before its first failed item, and that item (None: nothing failed)."""
+    total, before = sum(clean.values()), 0.0
+    for item in sorted(ran, key=lambda i: i["ended_s"]):
+        if item["outcome"] == "failed":
+            return before / total, item
+        before += clean.get(item["id"], 0.0)
+    return None
+
+
+def _measured_rows(clean_items: list[dict[str, Any]], folder: Path) -> None:
+    clean = {i["id"]: i["duration"] for i in clean_items}
+    print("| record | -x: first failure | predicted | area | on a cell it must fail |")
+    print("|---|---|---|---|---|")
+    shares = []
+    for record in RECORDS:
+        jsonl = folder / record.name / "report.jsonl"
+        predicted = share(clean_items, record)
+        if predicted is None or not jsonl.exists():
+            continue
+        ran = [json.loads(line) for line in jsonl.read_text().splitlines()]
+        got = measured(clean, [i for i in ran if "axes" in i])
+        if got is None:
+            print(f"| `{record.name}` | nothing failed | {predicted:.3f} | – | – |")
+            continue
+        first, item = got
+        shares.append(first)
+        expect = record.areas.get(item["area"])
+        must = expect is not None and expect.must(Cell(**item["axes"]))
+        print(f"| `{record.name}` | {first:.3f} | {predicted:.3f} | {item['area']} | {'yes' if must else 'no'} |")
+    if shares:
+        print(f"\n{len(shares)} records run: median {statistics.median(shares):.3f}, worst {max(shares):.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("report", type=Path, help="a clean ci run's report folder (report.jsonl, report.json)")
+    p.add_argument("--measured", type=Path, help="a folder of real -x runs, one report folder per record")
     args = p.parse_args(argv)
     ran = [json.loads(line) for line in (args.report / "report.jsonl").read_text().splitlines()]
     items = [dict(i, cell_obj=Cell(**i["axes"])) for i in ran if "axes" in i]
     items.sort(key=lambda i: i["ended_s"])  # as they ran
     profile_order = {c: k for k, c in enumerate(dict.fromkeys(i["cell"] for i in items))}
     # generation: the profile's cells by world (size, simulated last), each cell's items together
+    if args.measured is not None:
+        _measured_rows(items, args.measured)
+        return 0
     generation_rank = {c.id: k for k, c in enumerate(_generation_cells())}
     generation = sorted(
         items,

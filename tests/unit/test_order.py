@@ -177,3 +177,9 @@ def test_first_failures_reads_each_records_first_must_fail_item_off_a_run(tmp_pa
     ran = [dict(i, cell_obj=Cell(**i["axes"])) for i in sorted(items, key=lambda i: i["ended_s"])]
     assert tool.share(ran, record) == 5 / 6  # five items of a second each before it, of six
     assert tool.share(ran[:4], record) is None
+    # a real -x run: the clean seconds of the items it ran before the first it failed
+    clean = {i["id"]: i["duration"] for i in items}
+    stopped = [dict(i, outcome="passed") for i in items[:2]] + [dict(items[2], outcome="failed")]
+    got = tool.measured(clean, list(reversed(stopped)))
+    assert got is not None and got[0] == 2 / 6 and got[1]["id"] == items[2]["id"]
+    assert tool.measured(clean, stopped[:2]) is None
