@@ -254,22 +254,27 @@ def census(device: torch.device, exclude: set[int], step_s: float = 0.002, limit
 def _census(device: torch.device, exclude: set[int]) -> Census:
     gc.collect()
     seen: dict[int, tuple[int, bool]] = {}  # data pointer -> (bytes, viewed only by 0-d tensors)
-    for obj in gc.get_objects():
-        try:
-            if not isinstance(obj, torch.Tensor) or obj.device != device or obj.is_meta:
+    # a tensor subclass answers through its own __torch_function__, which may raise on its
+    # device or storage (a broken one of Thunder's): read every tensor as a plain one, or
+    # its bytes would go uncounted
+    with torch._C.DisableTorchFunctionSubclass():
+        for obj in gc.get_objects():
+            try:
+                if not isinstance(obj, torch.Tensor) or obj.device != device or obj.is_meta:
+                    continue
+                storage = obj.untyped_storage()
+                # a fake or functional tensor that torch.compile left in its caches holds no
+                # memory and refuses to name a data pointer
+                ptr = storage.data_ptr()
+                zero_d = obj.dim() == 0
+            except Exception:
                 continue
-            storage = obj.untyped_storage()
-            # a fake or functional tensor that torch.compile left in its caches holds no
-            # memory and refuses to name a data pointer
-            ptr = storage.data_ptr()
-        except Exception:
-            continue
-        if ptr and ptr not in exclude:
-            # on CUDA each storage rounded to its allocator block rather than the allocator
-            # read: so the census still leaves out the kit's own tensors and 0-d storages,
-            # and reads in the allocator's units, as memory_allocated and the expectations do
-            nbytes = allocated_bytes(storage.nbytes(), device)
-            seen[ptr] = (nbytes, obj.dim() == 0 and seen.get(ptr, (0, True))[1])
+            if ptr and ptr not in exclude:
+                # on CUDA each storage rounded to its allocator block rather than the allocator
+                # read: so the census still leaves out the kit's own tensors and 0-d storages,
+                # and reads in the allocator's units, as memory_allocated and the expectations do
+                nbytes = allocated_bytes(storage.nbytes(), device)
+                seen[ptr] = (nbytes, zero_d and seen.get(ptr, (0, True))[1])
     scalars = [ptr for ptr, (_, only_0d) in seen.items() if only_0d]
     return Census(sum(n for n, _ in seen.values()) - sum(seen[p][0] for p in scalars), len(scalars))
 

@@ -23,6 +23,8 @@ PLACES: dict[str, tuple[str, ...]] = {
     "gradient": ("meta", "float64", "short", "flat", "nan", "inf", "none", "raise"),
     "buffer": ("meta", "float64", "short", "nan", "missing", "extra", "raise"),
     "original_state_dict": ("meta", "float64", "short", "nan", "missing", "extra", "raise"),
+    # what thunder.distributed.checkpoint.get_model_state_dict returns (``checkpoint_wrong``)
+    "checkpoint": ("meta", "float64", "short", "nan", "missing", "extra", "raise"),
     "output": ("meta", "float64", "short", "flat", "nan", "inf", "raise"),
     # Thunder's record of what it ran: none kept, or one with no bound symbols (``stripped``)
     "trace": ("missing", "stripped"),
@@ -103,6 +105,24 @@ def traces_wrong(wrong: Wrong) -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(thunder, getter, recorded)
+        yield
+
+
+@contextlib.contextmanager
+def checkpoint_wrong(hostile: Hostile) -> Iterator[None]:
+    """``get_model_state_dict`` of ``hostile``'s module made wrong while the block runs (every
+    checkpoint the resume scenario takes, ``rank0_only`` included); where the real one raises
+    (an FSDP module's on CPU), it still raises."""
+    import pytest
+    from thunder.distributed import checkpoint
+
+    real = checkpoint.get_model_state_dict
+
+    def taken(module: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return hostile._entries("checkpoint", real(hostile._tm, *args, **kwargs))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checkpoint, "get_model_state_dict", taken)
         yield
 
 
