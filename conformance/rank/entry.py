@@ -129,10 +129,7 @@ def reference_plan(parts: Recipe) -> PlainPlan | None:
     the cell offloads, for the forward Thunder handed the offloading transform). Plain jit
     raising is the Thunder under test's failure, recorded for the memory area to report."""
     progress.at("plain jit")
-    try:
-        return plain_plan(parts)
-    except Exception as exc:
-        return PlainPlan(error=f"{type(exc).__name__}: {exc}")
+    return plain_plan(parts)
 
 
 def offload_decision(transforms: list[Any]) -> Any:

@@ -3,16 +3,21 @@ distributed transform, on the same device, dtype and executors, run forward once
 cell's input. What it saves for the backward is the reference the memory area holds the
 distributed forward's plan to (``checks/memory.py``), with FSDP's arithmetic added there.
 
-Compiled once per (model, tie, dtype, executors) in a rank process and reused by every cell
-of the world with that key: only numbers are kept, and the plain module is dropped before
-the cell's checks read anything."""
+Compiled by rank 0 alone, once per (model, tie, dtype, executors) in its process, and handed
+to the other ranks: nothing distributed runs in it, so every rank's would be the same, and
+ranks compiling the same function side by side only share the cores (a world of 4 ranks on
+2 cores took twice one compile's time). Only numbers are kept, and the plain module is
+dropped before the cell's checks read anything."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from conformance.checks.dataflow import estimated_returned
 from conformance.checks.record import PlainPlan
@@ -20,15 +25,37 @@ from conformance.checks.storages import distinct_storages
 from conformance.rank.build import SEED, Recipe
 
 _PLANS: dict[tuple[Any, ...], PlainPlan] = {}
+_VARIANT: str | None = None  # which Thunder the plans are of (``variant``): None, the one installed
 
 
 def plain_plan(recipe: Recipe) -> PlainPlan:
-    """Plain jit's forward plan for the recipe's model (cached per key in this process)."""
+    """Plain jit's forward plan for the recipe's model: rank 0's (cached per key in its
+    process), broadcast to the world. Every rank calls it, as a collective."""
     cell = recipe.cell
-    key = (cell.model, cell.spec, cell.tie, cell.dtype, cell.executors, str(recipe.device))
-    if key not in _PLANS:
-        _PLANS[key] = _compile(recipe)
-    return _PLANS[key]
+    key = (_VARIANT, cell.model, cell.spec, cell.tie, cell.dtype, cell.executors, recipe.device.type)
+    plan = [None]
+    if dist.get_rank() == 0:
+        if key not in _PLANS:
+            try:
+                _PLANS[key] = _compile(recipe)
+            except Exception as exc:  # plain jit raising is the Thunder under test's: the plan says so
+                _PLANS[key] = PlainPlan(error=f"{type(exc).__name__}: {exc}")
+        plan = [_PLANS[key]]
+    dist.broadcast_object_list(plan, src=0)
+    return plan[0]
+
+
+@contextlib.contextmanager
+def variant(name: str) -> Iterator[None]:
+    """Plans made in the block are another Thunder's (the kit's tests patch one in per cell,
+    in worlds that outlive the patch): cached apart, neither taken from nor given to the
+    Thunder outside it."""
+    global _VARIANT
+    outer, _VARIANT = _VARIANT, name
+    try:
+        yield
+    finally:
+        _VARIANT = outer
 
 
 def _compile(recipe: Recipe) -> PlainPlan:
