@@ -29,15 +29,18 @@ def _selection(bug: PlantedBug) -> list[str]:
     """The suite's arguments for the cells ``bug`` runs on."""
     if bug.cells is None:
         return ["--profile", "smoke", "-k", "not generated"]
+    from conformance.matrix.cost import expected_seconds
     from conformance.matrix.profiles import cells
 
     # on the pin, the probed compositions and executors are the unsupported ones; small models
-    # first; ci's cells where it has each kind wanted (a pairwise array need not hold every
-    # triple: root_owned's resume may be DDP's alone), else nightly's
+    # first, in the profile's order (the cells each record's thresholds were shown on), and of
+    # litgpt's the cheapest (by tracing and the scenario's compilations); ci's cells where it
+    # has each kind wanted (a pairwise array need not hold every triple: root_owned's resume
+    # may be DDP's alone), else nightly's
     probed = probed_on_this_machine()
     for profile in ("ci", "nightly"):
         running = [c for c in cells(profile, 2, probed) if c.composition not in probed and c.executors not in probed]
-        running.sort(key=lambda c: c.model.startswith("litgpt"))
+        running.sort(key=lambda c: (c.model.startswith("litgpt"), c.model.startswith("litgpt") and expected_seconds(c)))
         chosen = [next((c for c in running if wanted(c)), None) for wanted in bug.cells]
         if all(chosen):
             return ["--profile", profile, "-k", " or ".join(c.id for c in chosen)]

@@ -3,7 +3,7 @@ items fail naming the rank and the phase it was in, every other cell is judged a
 run, the reports are whole, and no rank process outlives the run.
 
 One suite run holds the whole matrix: each of the cheapest real cells of ci loses rank 1 at
-another phase (tests/support/kit_faults.py: rank_lost), and the cheapest is left clean."""
+another phase (killed at every one, stopped at one of each kind: see PHASES) (tests/support/kit_faults.py: rank_lost), and the cheapest is left clean."""
 
 from __future__ import annotations
 
@@ -32,7 +32,11 @@ PHASES = [
     ("scenario", "kill"),
     ("state dict round trip", "kill"),
     ("checks", "kill"),
+    # stopped: its peers block in a collective (in setup, in a step) or have finished (checks);
+    # each costs a cell timeout, so one phase of each kind
+    ("Thunder's transforms", "stop"),
     ("backward", "stop"),
+    ("checks", "stop"),
 ]
 CELL_TIMEOUT = 40  # the stopped rank's cell ends here; a clean cheap cell takes a few seconds
 
