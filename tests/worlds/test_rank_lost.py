@@ -3,7 +3,8 @@ items fail naming the rank and the phase it was in, every other cell is judged a
 run, the reports are whole, and no rank process outlives the run.
 
 One suite run holds the whole matrix: each of the cheapest real cells of ci loses rank 1 at
-another phase (killed at every one, stopped at one of each kind: see PHASES) (tests/support/kit_faults.py: rank_lost), and the cheapest is left clean."""
+another phase (killed at every one, stopped at one of each kind: see PHASES;
+tests/support/kit_faults.py: rank_lost), and the cheapest is left clean."""
 
 from __future__ import annotations
 
