@@ -241,9 +241,11 @@ def census(device: torch.device, exclude: set[int], step_s: float = 0.002, limit
     gloo's workers are asleep: they let go of a finished collective's buffers (a broadcast's,
     at setup) a moment after it has returned (see ``gloo_workers_busy``)."""
     deadline = time.monotonic() + limit_s
+    gc.collect()  # once: what a reading after it could still find in a cycle is the youngest's
     reading = _census(device, exclude)
     while time.monotonic() < deadline:
         time.sleep(step_s)
+        gc.collect(0)
         again = _census(device, exclude)
         if again == reading and not gloo_workers_busy():
             break
@@ -252,7 +254,6 @@ def census(device: torch.device, exclude: set[int], step_s: float = 0.002, limit
 
 
 def _census(device: torch.device, exclude: set[int]) -> Census:
-    gc.collect()
     seen: dict[int, tuple[int, bool]] = {}  # data pointer -> (bytes, viewed only by 0-d tensors)
     # a tensor subclass answers through its own __torch_function__, which may raise on its
     # device or storage (a broken one of Thunder's): read every tensor as a plain one, or
