@@ -89,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     ran = [json.loads(line) for line in (args.report / "report.jsonl").read_text().splitlines()]
     items = [dict(i, cell_obj=Cell(**i["axes"])) for i in ran if "axes" in i]
     items.sort(key=lambda i: i["ended_s"])  # as they ran
-    profile_order = {c: k for k, c in enumerate(dict.fromkeys(i["cell"] for i in items))}
-    # generation: the profile's cells by world (size, simulated last), each cell's items together
     if args.measured is not None:
         _measured_rows(items, args.measured)
         return 0
+    profile_order = {c: k for k, c in enumerate(dict.fromkeys(i["cell"] for i in items))}
+    # generation: the profile's cells by world (size, simulated last), each cell's items together
     generation_rank = {c.id: k for k, c in enumerate(_generation_cells())}
     generation = sorted(
         items,

@@ -40,7 +40,7 @@ def _selection(bug: PlantedBug) -> list[str]:
     probed = probed_on_this_machine()
     for profile in ("ci", "nightly"):
         running = [c for c in cells(profile, 2, probed) if c.composition not in probed and c.executors not in probed]
-        running.sort(key=lambda c: (c.model.startswith("litgpt"), c.model.startswith("litgpt") and expected_seconds(c)))
+        running.sort(key=lambda c: (litgpt := c.model.startswith("litgpt"), expected_seconds(c) if litgpt else 0.0))
         chosen = [next((c for c in running if wanted(c)), None) for wanted in bug.cells]
         if all(chosen):
             return ["--profile", profile, "-k", " or ".join(c.id for c in chosen)]

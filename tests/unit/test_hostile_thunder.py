@@ -97,12 +97,17 @@ def clean(composition: str) -> Clean:
     loss(out, torch.ones_like(out)).backward()  # gradients to read
     state = cpu_copies([*tm.named_parameters(), *tm.named_buffers()])
     grads = cpu_copies((n, p.grad) for n, p in tm.named_parameters() if p.grad is not None)
-    findings = {name: set(judged(area.check, run).failures) for name, area in _areas(cell).items()}
+    findings = _failures(run)
     return Clean(run, parts, captured["eager_model"], tm, x, state, grads, findings)
 
 
 def _areas(cell: Cell) -> dict[str, Any]:
     return {name: area for name, area in AREAS.items() if applies(cell, name)}
+
+
+def _failures(record: CellRecord) -> dict[str, set[str]]:
+    """area -> the failures it finds in ``record``."""
+    return {name: set(judged(area.check, record).failures) for name, area in _areas(record.cell).items()}
 
 
 # -- the readers: the rank side's reads of the Thunder module, each filling its part of the record
@@ -218,7 +223,7 @@ def baseline(reader: str, composition: str) -> dict[str, set[str]]:
     c.restore()
     record = READERS[reader][0](c, Hostile(c.tm, Wrong("", "", "")))
     c.restore()
-    return {name: set(judged(area.check, record).failures) for name, area in _areas(record.cell).items()}
+    return _failures(record)
 
 
 def judge_hostile(reader: str, composition: str, wrong: Wrong) -> None:
