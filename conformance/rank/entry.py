@@ -124,7 +124,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
     )
 
 
-def reference_plan(parts: Recipe) -> PlainPlan | None:
+def reference_plan(parts: Recipe) -> PlainPlan:
     """Plain jit's plan of the cell's model, the reference for what the forward saves (where
     the cell offloads, for the forward Thunder handed the offloading transform). Plain jit
     raising is the Thunder under test's failure, recorded for the memory area to report."""
