@@ -46,7 +46,8 @@ DEFAULT_SHARE = 0.1
 @dataclasses.dataclass(frozen=True)
 class Fault:
     """One process of a cell's world (its RANK: in a simulated world the process's index,
-    not the sampled rank it acts as), lost entering ``phase``: killed, or stopped (``how``)."""
+    not the sampled rank it acts as), lost entering ``phase``: killed, stopped, or with its
+    node (``how``; another node's rank only: its machine's agent, torchrun and ranks killed)."""
 
     process: int
     phase: str
@@ -59,12 +60,12 @@ class Fault:
 
     def status(self) -> str:
         """How the controller finds the lost process: dead, or timed out (a stopped one)."""
-        return protocol.DIED if self.how == "kill" else protocol.TIMEOUT
+        return protocol.TIMEOUT if self.how == "stop" else protocol.DIED
 
     def fired(self, outcome: Outcome) -> bool:
         """Whether the process was lost (it entered the phase)."""
         lost = outcome.results[self.process] if self.process < len(outcome.results) else None
-        return lost is not None and lost.status == self.status() and (self.how == "kill" or lost.stopped)
+        return lost is not None and lost.status == self.status() and (self.how != "stop" or lost.stopped)
 
     def blamed(self, outcome: Outcome) -> bool:
         """Whether the world's account blames the lost process first, in the planned phase."""
@@ -73,7 +74,7 @@ class Fault:
 
     def describe(self, cell: Cell) -> str:
         rank = sampled_ranks(cell.world_size)[self.process] if cell.simulated else self.process
-        verb = "killed" if self.how == "kill" else "stopped"
+        verb = {"kill": "killed", "stop": "stopped", "node": "lost with its node"}[self.how]
         return f"rank {rank} {verb} entering {self.phase!r}"
 
 

@@ -71,7 +71,7 @@ def _tx_workers(spec: str) -> int:
 
 def check(config: pytest.Config) -> None:
     """Raise ``pytest.UsageError`` (one line) for the first bad option; settle ``--nproc``
-    (``gpus`` included), ``--cell-timeout`` and ``--min-gpus`` into numbers for everything
+    (``gpus`` included), the seconds options and ``--min-gpus`` into numbers for everything
     that reads them, and xdist's mode."""
     # -n alone keeps every area of a cell on one worker (the cell runs once): xdist's
     # loadgroup, unless the command line chose a mode itself
@@ -79,7 +79,9 @@ def check(config: pytest.Config) -> None:
         config.option.dist = "loadgroup"
     workers = xdist_place(config).workers
     config.option.nproc = _nproc(config.option.nproc, workers)
-    config.option.cell_timeout = _cell_timeout(config.option.cell_timeout)
+    config.option.cell_timeout = _seconds(config.option.cell_timeout, "--cell-timeout")
+    config.option.node_silence = _seconds(config.option.node_silence, "--node-silence")
+    config.option.rejoin_timeout = _seconds(config.option.rejoin_timeout, "--rejoin-timeout")
     config.option.max_idle_worlds = _whole_number(config.option.max_idle_worlds, "--max-idle-worlds", 0, "worlds")
     config.option.min_gpus = _min_gpus(config.option.min_gpus, workers)
     config.option.nnodes = _nodes(config.option.nnodes, config.option.rdzv_endpoint, workers)
@@ -198,14 +200,14 @@ def _nodes(value: object, endpoint: str | None, workers: int) -> int:
     return n
 
 
-def _cell_timeout(value: object) -> float:
+def _seconds(value: object, option: str) -> float:
     try:
         seconds = float(value)  # type: ignore[arg-type]
     except ValueError:
-        raise pytest.UsageError(f"--cell-timeout must be a number of seconds, got {value!r}") from None
+        raise pytest.UsageError(f"{option} must be a number of seconds, got {value!r}") from None
     # zero or less would stop every cell before it starts; NaN would never stop one
     if not (math.isfinite(seconds) and seconds > 0):
-        raise pytest.UsageError(f"--cell-timeout must be a positive number of seconds, got {value!r}")
+        raise pytest.UsageError(f"{option} must be a positive number of seconds, got {value!r}")
     return seconds
 
 

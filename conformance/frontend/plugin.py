@@ -28,14 +28,14 @@ from conformance.matrix.profiles import PROFILES
 from conformance.reports.outcomes import cell_of, is_unsupported
 from conformance.world import seal
 from conformance.world.launch import visible_cuda_devices
-from conformance.world.nodes import join_command
+from conformance.world.nodes import REJOIN_TIMEOUT_S, SILENCE_S, join_command
 
 hypothesis_profiles.register()  # before hypothesis's plugin reads --hypothesis-profile
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "Thunder distributed conformance")
-    # --nproc, --cell-timeout and --min-gpus are converted by options.check, so that a bad one is one line
+    # --nproc, the seconds options and --min-gpus are converted by options.check, so that a bad one is one line
     group.addoption(
         "--nproc", default=2, help="ranks per world (default 2), or 'gpus' for one per usable GPU (per xdist worker)"
     )
@@ -63,6 +63,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="HOST:PORT",
         help="with --nnodes above 1: where this machine listens for the other machines' join agents",
+    )
+    group.addoption(
+        "--node-silence",
+        default=SILENCE_S,
+        metavar="SECONDS",
+        help=f"with --nnodes above 1: a machine whose join agent's heartbeat stands still this long is lost "
+        f"with its ranks (default {SILENCE_S:.0f})",
+    )
+    group.addoption(
+        "--rejoin-timeout",
+        default=REJOIN_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"with --nnodes above 1: how long the next world waits for a join agent to take a lost machine's "
+        f"place (default {REJOIN_TIMEOUT_S:.0f})",
     )
     group.addoption("--cell-timeout", default=300.0, help="seconds a cell may run before its world is killed (> 0)")
     group.addoption("--isolate", action="store_true", help="start a fresh world for every cell instead of reusing one")

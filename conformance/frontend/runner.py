@@ -107,7 +107,8 @@ class Runner:
         if nnodes > 1 and endpoint is not None:
             token = os.environ.get(seal.ENV_TOKEN) or seal.new_token()
             try:
-                self.nodes = Nodes(endpoint, nnodes, token)
+                silence, rejoin = config.getoption("node_silence"), config.getoption("rejoin_timeout")
+                self.nodes = Nodes(endpoint, nnodes, token, silence=silence, rejoin_timeout=rejoin)
             except RuntimeError as exc:  # c10d: the port is taken, or the host is not this machine's
                 raise pytest.UsageError(f"--rdzv-endpoint {endpoint}: cannot listen there: {exc}") from None
         self.cell_timeout: float = config.getoption("cell_timeout")

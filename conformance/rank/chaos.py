@@ -8,16 +8,33 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from conformance.rank import inner, progress
+from conformance.world import protocol
 
-SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
+
+def _node_dies() -> None:
+    """This rank's machine goes: its join agent, its torchrun, then itself, each SIGKILLed (its
+    agent first, so that nothing is left to report the others' deaths)."""
+    for pid in (int(os.environ[protocol.ENV_AGENT]), os.getppid(), os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+# how a process is lost: killed, stopped, or with the whole node it runs on (another node's
+# rank only: the controller's node is the run itself)
+HOW: dict[str, Callable[[], None]] = {
+    "kill": lambda: os.kill(os.getpid(), signal.SIGKILL),
+    "stop": lambda: os.kill(os.getpid(), signal.SIGSTOP),
+    "node": _node_dies,
+}
 
 
 def lose(fn: str, kwargs: dict[str, Any], process: int, phase: str, how: str) -> Any:
     """Run the task ``fn(**kwargs)``; the world's process ``process`` (its RANK, which in a
     simulated world is the process's index, not the rank it acts as) is lost entering ``phase``."""
-    armed = progress.lost_at(phase, SIGNALS[how]) if int(os.environ["RANK"]) == process else contextlib.nullcontext()
+    armed = progress.lost_at(phase, HOW[how]) if int(os.environ["RANK"]) == process else contextlib.nullcontext()
     with armed:
         return inner.call(fn, kwargs)

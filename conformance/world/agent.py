@@ -80,6 +80,7 @@ class Agent:
         self.seal = Seal(token)
         self.base_dir = base_dir
         self.node: protocol.Node | None = None
+        self.slot = -1  # its join slot: the controller names the agent that serves a node by it
         self._store: Any = None  # the agent store, once joined
         self.parts: list[Part] = []
         self._over = threading.Event()  # stops the heartbeat
@@ -90,7 +91,7 @@ class Agent:
             store = _connect(self.endpoint)
         except (RuntimeError, OSError) as exc:  # c10d: DistNetworkError (a RuntimeError), or TimeoutError
             raise Refused(f"cannot reach the controller at {self.endpoint}: {exc}") from None
-        slot = store.add(protocol.JOINED, 1)
+        slot = self.slot = store.add(protocol.JOINED, 1)
         me = protocol.Node(-1, socket.gethostname(), os.getpid())  # the controller gives the rank
         Channel(store, self.seal).set(protocol.join_key(slot), me.encode())
         try:
@@ -115,7 +116,7 @@ class Agent:
         heartbeat.start()
         channel = Channel(self._store, self.seal)
         try:
-            for seq in itertools.count():
+            for seq in itertools.count(self.node.first_world):
                 key = protocol.world_key(seq)
                 if not wait_for(self._store, key):
                     say(f"the controller at {self.endpoint} is gone without ending the run: this node's worlds stop")
@@ -131,6 +132,10 @@ class Agent:
                     self._store.set(protocol.bye_key(self.node.rank), "bye")
                     say("the run is over")
                     return 0
+                holder = request.holders.get(str(self.node.rank), self.slot)
+                if holder != self.slot:  # this agent fell silent and another took its node
+                    say(f"{self.node} was given to the agent of join slot {holder} after this one fell silent: leaving")
+                    return 1
                 part = Part(seq, request, self.base_dir / f"world-{seq}")
                 self.parts.append(part)
                 threading.Thread(target=self._supervise, args=(part,), name=f"world-{seq}", daemon=True).start()
@@ -165,9 +170,11 @@ class Agent:
             rendezvous = Rendezvous(request.nnodes, self.endpoint, request.rdzv_id, node=self.node.rank)
             spec = LaunchSpec(request.nproc, request.backend, devices, rendezvous=rendezvous)
             with open(part.folder / "torchrun.log", "wb") as log:
+                env = spec.environment(request.control, part.folder, self.seal.token)
+                env[protocol.ENV_AGENT] = str(os.getpid())
                 part.proc = subprocess.Popen(
                     spec.command(),
-                    env=spec.environment(request.control, part.folder, self.seal.token),
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,

@@ -22,7 +22,8 @@ from conformance.world import procs, protocol
 from conformance.world.launch import ROOT, LaunchSpec
 from conformance.world.nodes import NodeError, Nodes
 from conformance.world.outcome import Outcome
-from conformance.world.seal import PLAIN, Channel, control_store
+from conformance.world.protocol import BEAT_S
+from conformance.world.seal import PLAIN, Channel, WrongToken, control_store
 
 # how long a world retired at the end of a run may take to exit before it is killed
 CLOSE_TIMEOUT_S = 10.0
@@ -204,8 +205,8 @@ class World:
                         results[rank] = protocol.RankResult(rank, protocol.DIED, error="torchrun exited")
                 self._abort(results, protocol.ABORTED, "stopped after a peer rank died")
                 break
-            if first_failure is not None and now - first_failure > self.failure_grace:
-                self._abort(results, protocol.ABORTED, f"still running {self.failure_grace:.0f}s after a peer failed")
+            if first_failure is not None and now - first_failure > self._grace(pending):
+                self._abort(results, protocol.ABORTED, f"still running {self._grace(pending):.0f}s after a peer failed")
                 break
             if now - began > timeout:
                 self._abort(results, protocol.TIMEOUT, f"no result within the cell timeout of {timeout:.0f}s")
@@ -215,10 +216,16 @@ class World:
         for r in results.values():
             if not r.ok:
                 r.duration = r.duration or duration
-                r.log_tail = self._log_tail(r)
-                if r.status != protocol.FAILED:  # a failed rank's traceback says where it was
-                    r.phase = self._phase(r.rank)
+                r.log_tail = r.log_tail or self._log_tail(r)
         return Outcome([results[r] for r in range(self.size)], duration, 0.0)
+
+    def _grace(self, pending: list[int]) -> float:
+        """How long ranks may run on after a peer failed. A peer's failure may be the echo of
+        another node's death (a collective whose peer vanished), which only that node's
+        silence tells: while its ranks are pending, wait long enough to hear it."""
+        if self.nodes is not None and any(r in self.remote for r in pending):
+            return max(self.failure_grace, self.nodes.silence + 2 * BEAT_S)
+        return self.failure_grace
 
     def _log_tail(self, result: protocol.RankResult) -> str | None:
         if result.rank in self.remote and self.nodes is not None:  # what its agent sent, or where to look
@@ -227,8 +234,14 @@ class World:
         return procs.tail(self._dir / f"rank{result.rank}.log") if self._dir else None
 
     def _phase(self, rank: int) -> str | None:
-        """What the rank's task last said it was doing (None: nothing, or another node's rank)."""
-        if self._dir is None or rank in self.remote:
+        """What the rank's task last said it was doing (None: nothing)."""
+        if rank in self.remote:  # its file is on its machine: it said it in the control store too
+            key = protocol.phase_key(rank)
+            with contextlib.suppress(RuntimeError, WrongToken):
+                if self._channel.store is not None and self._channel.store.check([key]):
+                    return self._channel.get(key) or None
+            return None
+        if self._dir is None:
             return None
         try:
             said = Path(protocol.phase_file(str(self._dir), rank)).read_text(errors="replace").strip()
@@ -247,6 +260,13 @@ class World:
             halted = rank in self._pids and procs.stopped(self._pids[rank])
             said = f"{why}: the rank process was stopped (SIGSTOP), not running" if halted else why
             results[rank] = protocol.RankResult(rank, status, error=said, stacks=stacks.get(rank), stopped=halted)
+        # read while the world lives: another node's rank said its phase in the world's store,
+        # and which ranks are another node's is forgotten with the world
+        for r in results.values():
+            if not r.ok:
+                r.log_tail = self._log_tail(r)
+                if r.status != protocol.FAILED:  # a failed rank's traceback says where it was
+                    r.phase = self._phase(r.rank)
         self.kill()
 
     def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:

@@ -151,6 +151,7 @@ def rank_environment() -> dict[str, str]:
     # a token or node inherited from the shell must not make a one-machine world seal
     env.pop(seal.ENV_TOKEN, None)
     env.pop(protocol.ENV_NODE, None)
+    env.pop(protocol.ENV_AGENT, None)
     env.pop(ENV_ZYGOTE, None)
     env.update(
         {

@@ -7,7 +7,9 @@ a heartbeat counter moving, and answers every ``WorldRequest`` by starting its n
 that world; the torchruns of all nodes meet in c10d rendezvous held in the same store. The
 controller cannot read another node's /proc: its agent reports a rank's death (``death/<r>``)
 or its torchrun's end (``fault/<node>``) into the world's control store, and a node whose
-heartbeat stops is lost with every rank on it. Every message is sealed with the run's token.
+heartbeat stops is lost with every rank on it. An agent that joins while a node is lost takes
+that node's place (a node rebooted, an agent restarted by Slurm or by hand): the next world
+waits up to ``rejoin_timeout`` for one. Every message is sealed with the run's token.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from conformance.world.seal import Channel, Seal, WrongToken
 
 JOIN_TIMEOUT_S = 600.0  # the first world waits this long for every agent to join
 SILENCE_S = 10.0  # a heartbeat that has not moved for this long: the node is lost
+# how long the first world after a node is lost waits for an agent to take its place; once
+# waited out, later worlds fail at once until one comes
+REJOIN_TIMEOUT_S = 120.0
 
 
 class NodeError(RuntimeError):
@@ -57,6 +62,7 @@ class Nodes:
         *,
         join_timeout: float = JOIN_TIMEOUT_S,
         silence: float = SILENCE_S,
+        rejoin_timeout: float = REJOIN_TIMEOUT_S,
     ) -> None:
         import torch.distributed as dist
 
@@ -66,13 +72,21 @@ class Nodes:
         self.seal = Seal(token)
         self.join_timeout = join_timeout
         self.silence = silence
+        self.rejoin_timeout = rejoin_timeout
         timeout = datetime.timedelta(seconds=60)
         self._store: Any = dist.TCPStore(self.host, self._port, is_master=True, wait_for_workers=False, timeout=timeout)
         self._channel = Channel(self._store, self.seal)
         self._run_id = uuid.uuid4().hex[:12]  # rendezvous ids of this run's worlds
         self._worlds = 0  # world requests posted
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the heartbeats
+        # a world request and an agent's answer, one at a time: an agent accepted in place of a
+        # lost node serves every request after its answer and none before
+        self._posting = threading.Lock()
         self.nodes = [protocol.Node(0, socket.gethostname(), os.getpid())]
+        self._holders: dict[int, int] = {}  # node rank -> the join slot of its agent
+        self._posted: dict[int, dict[int, int]] = {}  # a world's control store's port -> its holders
+        self._replaced: dict[int, str] = {}  # node rank -> why its last agent was taken for lost
+        self._given_up: set[int] = set()  # lost nodes whose replacement was waited out
         self.refusals: list[str] = []  # one line per agent turned away
         self._beats: dict[int, _Beat] = {}
         self._broken: str | None = None  # why the thread that watches the nodes stopped, if it did
@@ -86,12 +100,16 @@ class Nodes:
         """Ask every agent to start its part of a world whose control store is ``control``;
         the controller's own torchrun is ``spec`` as this returns it (node 0's part)."""
         self._wait_for_agents()
-        if lost := self.lost():
-            raise NodeError("; ".join(lost.values()))
-        rdzv_id = f"{self._run_id}-{self._worlds}"
-        request = protocol.WorldRequest(spec.nproc, self.nnodes, spec.backend, control, rdzv_id)
-        self._channel.set(protocol.world_key(self._worlds), request.encode())
-        self._worlds += 1
+        self._wait_for_replacements()
+        with self._posting:
+            if lost := self.lost():
+                raise NodeError("; ".join(lost.values()) + self._not_replaced(lost))
+            rdzv_id = f"{self._run_id}-{self._worlds}"
+            self._posted[split_endpoint(control)[1]] = dict(self._holders)
+            holders = {str(rank): slot for rank, slot in self._holders.items()}
+            request = protocol.WorldRequest(spec.nproc, self.nnodes, spec.backend, control, rdzv_id, holders=holders)
+            self._channel.set(protocol.world_key(self._worlds), request.encode())
+            self._worlds += 1
         return dataclasses.replace(spec, rendezvous=Rendezvous(self.nnodes, self.endpoint, rdzv_id))
 
     def lost(self) -> dict[int, str]:
@@ -107,9 +125,18 @@ class Nodes:
             if now - (beat := beats[node.rank]).moved > self.silence
         }
 
+    def lost_to(self, control: Channel) -> dict[int, str]:
+        """``lost()``, and the nodes whose agent was replaced since the world of ``control``
+        was asked for: the ranks that agent started are gone with it."""
+        lost = self.lost()
+        with self._posting:
+            posted = self._posted.get(control.store.port, {})
+            lost |= {rank: self._replaced[rank] for rank, slot in posted.items() if self._holders[rank] != slot}
+        return lost
+
     def trouble(self, control: Channel) -> str | None:
         """Why a world cannot start: a lost node, or an agent's account of its torchrun."""
-        if lost := self.lost():
+        if lost := self.lost_to(control):
             return "; ".join(lost.values())
         if control.store.add(protocol.TROUBLE, 0) == 0:
             return None
@@ -121,7 +148,7 @@ class Nodes:
     def losses(self, control: Channel, where: dict[int, int]) -> dict[int, protocol.RankResult]:
         """The ranks in ``where`` (rank -> its node) that are gone, as their agents report
         them, or with a node that is lost or whose torchrun ended."""
-        lost = self.lost()
+        lost = self.lost_to(control)
         found: dict[int, protocol.RankResult] = {}
         if not lost and control.store.add(protocol.TROUBLE, 0) == 0:
             return found
@@ -167,6 +194,23 @@ class Nodes:
                 )
             time.sleep(0.05)
 
+    def _wait_for_replacements(self) -> None:
+        """A node lost since the last world: wait for an agent to take its place, once."""
+        waiting = set(self.lost()) - self._given_up
+        deadline = time.monotonic() + self.rejoin_timeout
+        while waiting and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.05)
+            waiting &= set(self.lost())
+        self._given_up |= waiting
+
+    def _not_replaced(self, lost: dict[int, str]) -> str:
+        if set(lost) & self._given_up:
+            return (
+                f"; no join agent took its place within {self.rejoin_timeout:.0f}s "
+                f"(run `{join_command(self.endpoint)}` on a node to replace it)"
+            )
+        return ""
+
     def _keep(self) -> None:
         try:
             self._serve()
@@ -204,12 +248,19 @@ class Nodes:
         except WrongToken:
             why = "wrong token"
         else:
-            if len(self.nodes) < self.nnodes:
-                node = protocol.Node(len(self.nodes), asked.host, asked.pid)
-                with self._lock:
-                    self._beats[node.rank] = _Beat(-1, time.monotonic())
-                self.nodes.append(node)
-                return self.seal.close(protocol.answer_key(slot), node.encode())
+            with self._posting:
+                lost = self.lost()
+                if len(self.nodes) < self.nnodes or lost:
+                    rank = len(self.nodes) if len(self.nodes) < self.nnodes else min(lost)
+                    if rank in lost:
+                        self._replaced[rank] = lost[rank]
+                    node = protocol.Node(rank, asked.host, asked.pid, first_world=self._worlds)
+                    with self._lock:
+                        self._beats[rank] = _Beat(-1, time.monotonic())
+                    self.nodes[rank : rank + 1] = [node]
+                    self._holders[rank] = slot
+                    self._given_up.discard(rank)
+                    return self.seal.close(protocol.answer_key(slot), node.encode())
             why = f"the run has its {self.nnodes} nodes already"
         self.refusals.append(f"join slot {slot}: {why}")
         return protocol.REFUSED + why

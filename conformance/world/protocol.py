@@ -21,6 +21,7 @@ ENV_CONTROL = "CONFORMANCE_CONTROL"  # "host:port" of the control store
 ENV_WORLD_DIR = "CONFORMANCE_WORLD_DIR"  # per-world folder for rank logs and stack dumps
 ENV_BACKEND = "CONFORMANCE_BACKEND"  # "gloo" or "nccl", already resolved, or NO_GROUP
 ENV_NODE = "CONFORMANCE_NODE"  # across machines: the node (0: the controller's) that started this rank
+ENV_AGENT = "CONFORMANCE_AGENT_PID"  # on another node's ranks: the pid of the join agent that started them
 # the file a rank's task writes its phase to (the rank loop sets it per rank; a rank side
 # names its phases there, conformance/rank/progress.py), read when the rank cannot answer
 ENV_PHASE = "CONFORMANCE_PHASE_FILE"
@@ -28,6 +29,12 @@ ENV_PHASE = "CONFORMANCE_PHASE_FILE"
 
 def phase_file(world_dir: str, rank: int) -> str:
     return os.path.join(world_dir, f"rank{rank}.phase")
+
+
+def phase_key(rank: int) -> str:
+    """Another node's rank names its phase here too: the controller cannot read its file, and
+    a node that dies takes its agent (who could have read it) with it."""
+    return f"phase/{rank}"
 
 
 # A world whose processes join no process group at launch: its tasks make their own (a
@@ -172,6 +179,9 @@ class Node:
     rank: int
     host: str
     pid: int  # the controller's or the agent's
+    # the first world request this node's agent serves: a replacement for a lost node's agent
+    # starts at the run's next world, not at the first
+    first_world: int = 0
 
     def __str__(self) -> str:
         return f"node {self.rank} ({self.host})"
@@ -196,6 +206,9 @@ class WorldRequest:
     control: str = ""
     rdzv_id: str = ""
     over: bool = False
+    # node rank -> the join slot of the agent that serves it: an agent that was taken for lost
+    # and replaced finds itself named no more, and leaves instead of starting a second part
+    holders: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def encode(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -177,6 +177,8 @@ def main() -> int:
             break
         with open(protocol.phase_file(world_dir, rank), "w"):  # the last task's phase is not this one's
             pass
+        if int(os.environ.get(protocol.ENV_NODE, "0")) > 0:  # nor its copy in the control store
+            channel.set(protocol.phase_key(rank), "")
         channel.set(protocol.result_key(seq, rank), _run(task, rank).encode())
         seq += 1
     if dist.is_initialized():

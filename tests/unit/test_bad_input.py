@@ -163,11 +163,12 @@ def test_what_the_kit_prints_replays(replayed: Cell) -> None:
     assert options.replay(json.dumps(replayed.axes())) == replayed
 
 
+@pytest.mark.parametrize("option", ["--cell-timeout", "--node-silence", "--rejoin-timeout"])
 @pytest.mark.parametrize("value", ["-5", "inf", "-inf", "nan", "-0", "0.0", "soon", ""])
-def test_a_cell_timeout_must_be_finite_and_positive(value: str) -> None:
-    with pytest.raises(pytest.UsageError, match=r"--cell-timeout must be a (positive )?number"):
-        options._cell_timeout(value)
-    assert options._cell_timeout("0.5") == 0.5 and options._cell_timeout(300.0) == 300.0
+def test_seconds_must_be_finite_and_positive(value: str, option: str) -> None:
+    with pytest.raises(pytest.UsageError, match=rf"{option} must be a (positive )?number"):
+        options._seconds(value, option)
+    assert options._seconds("0.5", option) == 0.5 and options._seconds(300.0, option) == 300.0
 
 
 def test_nproc_is_settled_into_a_number(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow  # starts worlds across two agents, and the suite 
 TOKEN = "the token of this test's run"
 TIMEOUT = 30.0
 SILENCE = 3.0  # how soon a node whose agent stopped counts as lost (the kit's default is longer)
+REJOIN = 2.0  # how long the next world waits for an agent to take a lost node's place
 
 
 def _free_port() -> int:
@@ -59,7 +60,7 @@ class Run:
 
     def __init__(self, tmp: Path) -> None:
         self.endpoint = f"127.0.0.1:{_free_port()}"
-        self.nodes = Nodes(self.endpoint, 2, TOKEN, join_timeout=120, silence=SILENCE)
+        self.nodes = Nodes(self.endpoint, 2, TOKEN, join_timeout=120, silence=SILENCE, rejoin_timeout=REJOIN)
         self.log = tmp / "agent.log"
         self.agent = join(self.endpoint, TOKEN, self.log)
         self.world = World(LaunchSpec(nproc=1, backend="gloo"), base_dir=tmp, failure_grace=3.0, nodes=self.nodes)
@@ -128,14 +129,54 @@ def test_a_node_that_dies_mid_cell_fails_the_cell_naming_the_node(run: Run) -> N
     assert f"node 1 ({socket.gethostname()}) stopped answering" in blamed.error, outcome.describe()
     local = outcome.results[1 - remote]
     assert local.status == protocol.ABORTED and "hang_in_collective" in (local.stacks or ""), outcome.describe()
-    # the next cell fails at once, naming the node, instead of waiting for a world that cannot start
+    # no agent takes its place: the next cell fails once REJOIN is waited out, naming the node,
+    # instead of waiting for a world that cannot start
     again = run.world.run(run.task("healthy"), TIMEOUT)
-    assert not again.ok and "node 1" in again.results[0].error and again.startup < 5.0, again.describe()
+    assert not again.ok and "node 1" in again.results[0].error and again.startup < REJOIN + 5.0, again.describe()
+    assert f"no join agent took its place within {REJOIN:.0f}s" in again.results[0].error, again.describe()
     # the lost node's rank, alive still (only its agent was killed), leaves with the world it served
     deadline = time.monotonic() + 10
     while procs.process_state(healthy.values[remote]["pid"])[0] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not procs.process_state(healthy.values[remote]["pid"])[0], "an orphaned rank outlived its world"
+
+
+def test_an_agent_that_joins_takes_the_lost_nodes_place_and_the_one_it_replaced_leaves(
+    run: Run, tmp_path: Path
+) -> None:
+    """After the test above: node 1 is lost. An agent started there (as Slurm or a person
+    restarts one) takes its place; an agent that only fell silent (stopped) is taken for lost
+    and replaced too, and when it wakes it leaves instead of starting a second part."""
+    first = join(run.endpoint, TOKEN, tmp_path / "first.log")
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        _joined(run, first, tmp_path / "first.log")
+        outcome = run.world.run(run.task("healthy"), TIMEOUT)
+        assert outcome.ok, outcome.describe() + "\n".join(said(tmp_path / "first.log"))
+        assert run.nodes.nodes[1].first_world > 0, "a replacement serves the run's next world, not its first"
+        first.send_signal(signal.SIGSTOP)  # silent, not dead
+        time.sleep(SILENCE + 1.0)
+        second = join(run.endpoint, TOKEN, tmp_path / "second.log")
+        _joined(run, second, tmp_path / "second.log")
+        run.world.kill()  # the world whose node-1 part the silent agent started
+        fresh = run.world.run(run.task("healthy"), TIMEOUT)
+        assert fresh.ok and fresh.startup > 0.0, fresh.describe() + "\n".join(said(tmp_path / "second.log"))
+        first.send_signal(signal.SIGCONT)
+        assert first.wait(timeout=30) == 1
+        assert said(tmp_path / "first.log")[-1].endswith("after this one fell silent: leaving")
+    finally:
+        for agent in (first, second):
+            if agent is not None and agent.poll() is None:
+                agent.send_signal(signal.SIGCONT)
+                agent.kill()
+
+
+def _joined(run: Run, agent: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait until ``agent`` holds node 1."""
+    deadline = time.monotonic() + 120
+    while run.nodes.nodes[1].pid != agent.pid:
+        assert agent.poll() is None and time.monotonic() < deadline, "\n".join(said(log))
+        time.sleep(0.2)
 
 
 def _kill_later(agent: subprocess.Popen[bytes], after: float) -> threading.Thread:

@@ -1,0 +1,116 @@
+"""A machine lost at any phase of a cell, in a run across two nodes: that cell's items fail
+naming the rank, its node and the phase; a join agent started in the lost node's place (as
+Slurm or a person restarts one) serves every later cell, each judged as in a clean run; the
+reports are whole, and nothing of the run outlives it.
+
+One suite run holds the whole matrix: each of the cheapest real cells of ci loses node 1 (its
+join agent, torchrun and rank 1, SIGKILLed at once by rank 1 entering the phase: see
+conformance/rank/chaos.py) at another phase, and the cheapest is left clean. The test keeps an
+agent running on "node 1" throughout, starting a new one whenever the last has exited."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conformance.frontend.chaos import PHASES
+from conformance.matrix.cost import expected_seconds
+from conformance.matrix.profiles import cells
+from conformance.world import seal
+from tests.support.kit_faults import LOST_AT_ENV
+from tests.support.plant_plugin import KIT_FAULT_ENV
+from tests.support.suite_runs import probed_on_this_machine, run_suite
+from tests.worlds.test_kit_errors import _ranks_of
+from tests.worlds.test_multinode import TOKEN, _free_port, join, said
+
+pytestmark = pytest.mark.slow  # runs the suite across two agents in a subprocess
+
+SILENCE = 3  # --node-silence: how soon the lost node is known (the kit's default is longer)
+
+
+class Node:
+    """'Node 1': an agent kept running, a new one started whenever the last exited, until the
+    run is over (an agent that exits 0 was told so)."""
+
+    def __init__(self, endpoint: str, folder: Path) -> None:
+        self.endpoint, self.folder = endpoint, folder
+        self.agents: list[subprocess.Popen[bytes]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._keep, daemon=True)
+        self._thread.start()
+
+    def _keep(self) -> None:
+        while not self._done.is_set():
+            if not self.agents or self.agents[-1].poll() not in (None, 0):
+                self.agents.append(join(self.endpoint, TOKEN, self.folder / f"agent{len(self.agents)}.log"))
+            elif self.agents[-1].returncode == 0:
+                return
+            time.sleep(0.2)
+
+    def said(self) -> list[str]:
+        return [line for i in range(len(self.agents)) for line in said(self.folder / f"agent{i}.log")]
+
+    def close(self) -> None:
+        """Start no more; an agent the run left behind exits by itself once its controller is
+        gone (killed only where it does not, which the test then finds)."""
+        self._done.set()
+        self._thread.join()
+        for agent in self.agents:
+            try:
+                agent.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()
+
+
+def test_a_node_lost_at_each_phase_fails_that_cell_alone_and_a_new_agent_takes_its_place(tmp_path: Path) -> None:
+    probed = probed_on_this_machine()
+    real = [c for c in cells("ci", 2, probed) if not c.simulated and c.world_size == 2 and c.composition not in probed]
+    real = [c for c in real if c.executors not in probed]
+    cheapest = sorted(real, key=expected_seconds)[: len(PHASES) + 1]
+    clean, faulted = cheapest[0], cheapest[1:]
+    lost_at = {c.id: [phase, "node"] for c, phase in zip(faulted, PHASES, strict=True)}
+    endpoint = f"127.0.0.1:{_free_port()}"
+    node = Node(endpoint, tmp_path)
+    try:
+        run = run_suite(
+            tmp_path,
+            *("--nnodes", "2", "--nproc", "1", "--rdzv-endpoint", endpoint),
+            *("--node-silence", str(SILENCE), "--profile", "ci", "-k", " or ".join(c.id for c in cheapest)),
+            env={seal.ENV_TOKEN: TOKEN, KIT_FAULT_ENV: "rank_lost", LOST_AT_ENV: json.dumps(lost_at)},
+            plant=True,
+            shared=False,  # its worlds span the agents' node: none of the pool's one-machine worlds
+            timeout=900,
+        )
+    finally:
+        node.close()
+    assert run.returncode == 1, run.output
+    by_cell: dict[str, list[dict]] = {}
+    for item in run.report["cells"]:
+        by_cell.setdefault(item["cell"], []).append(item)
+    assert set(by_cell) == {c.id for c in cheapest}, run.output
+    assert {i["outcome"] for i in by_cell[clean.id]} <= {"passed", "xfailed"}, by_cell[clean.id]
+    for cell in faulted:
+        phase = lost_at[cell.id][0]
+        for item in by_cell[cell.id]:
+            assert item["outcome"] == "failed", (cell.id, phase, item)
+            head = item["message"].splitlines()[0]
+            assert "the kit broke" not in item["message"]
+            assert "did not run to completion: rank 1 died during " in head and phase in head, head
+            assert "node 1 (" in item["message"] and "stopped answering" in item["message"], item["message"]
+    # the node was lost once per faulted cell, and a new agent held it for each world after
+    exits = [agent.returncode for agent in node.agents]
+    assert exits.count(-signal.SIGKILL) == len(faulted), (exits, node.said())
+    assert sum("joined the run" in line for line in node.said()) >= len(faulted), node.said()
+    lines = [json.loads(line) for line in (run.report_dir / "report.jsonl").read_text().splitlines()]
+    assert len(lines) >= len(run.report["cells"])
+    deadline = time.monotonic() + 10
+    while _ranks_of(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _ranks_of(tmp_path) == []
