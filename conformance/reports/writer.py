@@ -30,7 +30,7 @@ from conformance.reports.comparison import VANISHED, Comparison, ItemChange, com
 from conformance.reports.comparison_markdown import markdown
 from conformance.reports.figures import memory_figure
 from conformance.reports.html import page
-from conformance.reports.outcomes import cell_of, outcome, plain_nodeid, triage
+from conformance.reports.outcomes import cell_of, message, outcome, plain_nodeid, triage
 from conformance.reports.scale import scale_figure
 from conformance.reports.session import SessionInfo
 from conformance.reports.summary import summary
@@ -101,7 +101,7 @@ class Reporter:
         if rec["outcome"] == "passed" and (report.when == "call" or report.failed or report.skipped):
             rec["outcome"] = outcome(report)
             if report.failed or rec["outcome"] in ("xfailed", "unsupported"):
-                rec["message"] = report.longreprtext
+                rec["message"] = message(report)
             if hasattr(report, "wasxfail"):
                 rec["xfail_reason"] = report.wasxfail
         if report.when == "teardown":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -49,3 +50,20 @@ def test_auto_asks_the_kit_and_schedules_by_cell() -> None:
     auto = header("-n", "auto", "--nproc", "1")
     expected = auto_workers("1", "auto", os.cpu_count(), visible_cuda_devices())
     assert f"created: {expected}/{expected} worker" in auto and "LoadGroupScheduling" in auto
+
+
+def test_a_message_under_xdist_starts_with_the_verdict_not_the_worker() -> None:
+    """The controller's copy of a worker's report prints the worker's line first."""
+    from _pytest.reports import TestReport
+
+    from conformance.reports.outcomes import message
+
+    verdict = "cell mlp-... did not run to completion: rank 1 died during backward"
+    report = TestReport("conformance/test_numerics.py::test_x", ("f", 1, "x"), {}, "failed", verdict, "call")
+    assert message(report) == verdict
+    # set by xdist's controller: a worker's gateway, whose line longreprtext then prints first
+    report.node = types.SimpleNamespace(
+        workerinfo={"id": "gw1", "sysplatform": "linux", "version_info": sys.version_info, "executable": "python"}
+    )
+    assert report.longreprtext.startswith("[gw1] linux -- Python ")
+    assert message(report) == verdict
