@@ -59,13 +59,16 @@ class Fault:
         return protocol.Task(LOSE, kwargs)
 
     def status(self) -> str:
-        """How the controller finds the lost process: dead, or timed out (a stopped one)."""
-        return protocol.TIMEOUT if self.how == "stop" else protocol.DIED
+        """How the controller finds the lost process: dead, or stopped."""
+        return protocol.STOPPED if self.how == "stop" else protocol.DIED
 
     def fired(self, outcome: Outcome) -> bool:
         """Whether the process was lost (it entered the phase)."""
         lost = outcome.results[self.process] if self.process < len(outcome.results) else None
-        return lost is not None and lost.status == self.status() and (self.how != "stop" or lost.stopped)
+        if lost is None:
+            return False
+        # a stop found only at the cell timeout (it came within STOP_GRACE_S of it) counts too
+        return lost.status == self.status() or (self.how == "stop" and lost.status == protocol.TIMEOUT and lost.stopped)
 
     def blamed(self, outcome: Outcome) -> bool:
         """Whether the world's account blames the lost process first, in the planned phase."""
@@ -97,7 +100,7 @@ def judged(fault: Fault, outcome: Outcome, failed: bool, message: str) -> str:
     if not fault.fired(outcome):
         return CHAOS_NOT_REACHED
     head = message.splitlines()[0] if message else ""
-    said = f" {fault.status()} during " in head and fault.phase in head
+    said = f" {outcome.results[fault.process].status} during " in head and fault.phase in head
     return CHAOS_LOST if failed and fault.blamed(outcome) and said else CHAOS_MISREPORTED
 
 

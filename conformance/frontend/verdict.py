@@ -184,8 +184,8 @@ class Conformance:
 
 def _raise_if_kit(cell: Cell, area: str, outcome: Outcome, repro: str) -> None:
     """A rank whose task raised in the kit's own code (not in Thunder's) is the kit's failure,
-    unless a rank died: a peer then raises wherever it was waiting on the dead one."""
-    if any(r.status == protocol.DIED for r in outcome.results):
+    unless a rank died or was stopped: a peer then raises wherever it was waiting on it."""
+    if any(r.status in (protocol.DIED, protocol.STOPPED) for r in outcome.results):
         return
     for r in outcome.culprits():
         if r.status == protocol.FAILED and (who := blame(r.frames)).owner == KIT:

@@ -29,6 +29,9 @@ from conformance.world.seal import PLAIN, Channel, WrongToken, control_store
 CLOSE_TIMEOUT_S = 10.0
 
 STACK_WAIT_S = 2.0
+# how long a rank may stay stopped (SIGSTOP) before it is given up: a suspend that the job's
+# scheduler undoes, or a stop a person undoes at once, outlasts no such grace
+STOP_GRACE_S = 5.0
 
 
 class WorldStartError(RuntimeError):
@@ -177,6 +180,7 @@ class World:
         self._channel.set(protocol.task_key(seq), task.encode())
         results: dict[int, protocol.RankResult] = {}
         first_failure: float | None = None
+        stopped_since: dict[int, float] = {}  # a pending rank of this machine found stopped, since
         pauses = procs.pauses()
         while True:
             for rank in self._pending(results):
@@ -198,12 +202,30 @@ class World:
             }
             if self.nodes is not None:  # the other nodes' ranks, as their agents see them
                 dead |= self.nodes.losses(self._channel, {r: self.remote[r] for r in pending if r in self.remote})
+            # a rank stopped by a signal (not a debugger's: someone may be stepping through
+            # it) waits for someone to continue it: past a grace, it is given up at once
+            # rather than at the cell timeout
+            for r in pending:
+                if r in self._pids and procs.stopped(self._pids[r], traced=False):
+                    stopped_since.setdefault(r, now)
+                else:
+                    stopped_since.pop(r, None)
+            halted = {r: now - t for r, t in stopped_since.items() if now - t > STOP_GRACE_S and r not in dead}
+            dead |= {
+                r: protocol.RankResult(
+                    r,
+                    protocol.STOPPED,
+                    error=f"the rank process was stopped (SIGSTOP) for {held:.0f}s: it cannot answer until continued",
+                    stopped=True,
+                )
+                for r, held in halted.items()
+            }
             if dead or self._proc.poll() is not None:
                 results.update(dead)
                 if not dead:  # torchrun itself went away: every pending rank is lost
                     for rank in pending:
                         results[rank] = protocol.RankResult(rank, protocol.DIED, error="torchrun exited")
-                self._abort(results, protocol.ABORTED, "stopped after a peer rank died")
+                self._abort(results, protocol.ABORTED, "stopped after a peer rank was lost")
                 break
             if first_failure is not None and now - first_failure > self._grace(pending):
                 self._abort(results, protocol.ABORTED, f"still running {self._grace(pending):.0f}s after a peer failed")

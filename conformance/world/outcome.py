@@ -9,7 +9,15 @@ from conformance.world import protocol
 
 # Who caused a failure and who merely suffered it: a death explains a peer's "connection
 # closed by peer", never the other way round.
-_BLAME_ORDER = {protocol.DIED: 0, protocol.FAILED: 1, protocol.TIMEOUT: 2, protocol.ABORTED: 3, protocol.PASSED: 4}
+# a dead or stopped rank explains a peer's raise (a collective whose other end went away)
+_BLAME_ORDER = {
+    protocol.DIED: 0,
+    protocol.STOPPED: 1,
+    protocol.FAILED: 2,
+    protocol.TIMEOUT: 3,
+    protocol.ABORTED: 4,
+    protocol.PASSED: 5,
+}
 
 
 @dataclasses.dataclass

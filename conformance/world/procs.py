@@ -45,11 +45,12 @@ def process_state(pid: int) -> tuple[bool, int | None]:
     return True, None
 
 
-def stopped(pid: int) -> bool:
-    """Whether the process is stopped (SIGSTOP, a debugger): alive, and never going to answer."""
+def stopped(pid: int, *, traced: bool = True) -> bool:
+    """Whether the process is stopped (SIGSTOP; ``traced``: a debugger's stop too): alive, and
+    not going to answer until someone continues it."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] in ("T", "t")
+            return f.read().rpartition(")")[2].split()[0] in (("T", "t") if traced else ("T",))
     except (OSError, IndexError):  # gone, or no /proc (macOS): not known to be stopped
         return False
 

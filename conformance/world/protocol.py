@@ -92,6 +92,9 @@ PASSED = "passed"
 FAILED = "failed"  # the task raised on this rank
 TIMEOUT = "timeout"  # the cell's deadline passed while this rank was still running it
 DIED = "died"  # the rank process exited (signal, os._exit, segfault) mid-task
+# the rank process was found stopped (SIGSTOP, a suspended job) and stayed so for STOP_GRACE_S:
+# it cannot answer until someone continues it
+STOPPED = "stopped"
 ABORTED = "aborted"  # a peer failed or died; this rank was stopped while waiting on it
 
 

@@ -38,6 +38,12 @@ def hang_on(rank: int) -> float:
     return 0.0
 
 
+def sigstop_on(rank: int) -> float:
+    if dist.get_rank() == rank:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return _all_reduce()
+
+
 def sigkill_on(rank: int) -> float:
     if dist.get_rank() == rank:
         os.kill(os.getpid(), signal.SIGKILL)

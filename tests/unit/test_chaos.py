@@ -76,11 +76,16 @@ def test_a_death_the_item_tells_otherwise_is_misreported(message: str) -> None:
 
 def test_a_stop_counts_only_where_the_process_was_found_stopped() -> None:
     stopped = Fault(process=0, phase="forward", how="stop")
-    hung = protocol.RankResult(0, protocol.TIMEOUT, phase="training / step 0 (SGD) / forward", stopped=True)
-    waited = protocol.RankResult(1, protocol.TIMEOUT, phase="training / step 0 (SGD) / forward")
-    said = "cell c did not run to completion: rank 0 timeout during training / step 0 (SGD) / forward"
+    forward = "training / step 0 (SGD) / forward"
+    waited = protocol.RankResult(1, protocol.ABORTED, phase=forward)
+    found = protocol.RankResult(0, protocol.STOPPED, phase=forward, stopped=True)
+    said = f"cell c did not run to completion: rank 0 stopped during {forward}"
+    assert judged(stopped, _outcome(found, waited), failed=True, message=said) == CHAOS_LOST
+    # stopped within the grace of the cell timeout: found stopped at the timeout
+    hung = protocol.RankResult(0, protocol.TIMEOUT, phase=forward, stopped=True)
+    said = f"cell c did not run to completion: rank 0 timeout during {forward}"
     assert judged(stopped, _outcome(hung, waited), failed=True, message=said) == CHAOS_LOST
-    running = protocol.RankResult(0, protocol.TIMEOUT, phase="training / step 0 (SGD) / forward")
+    running = protocol.RankResult(0, protocol.TIMEOUT, phase=forward)
     assert judged(stopped, _outcome(running, waited), failed=True, message=said) == CHAOS_NOT_REACHED
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from conformance.world import protocol
-from conformance.world.controller import World
+from conformance.world.controller import STOP_GRACE_S, World
 from conformance.world.launch import LaunchSpec
 
 pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
@@ -43,6 +43,7 @@ FAULTS = [
     ("raise_on", {"rank": 1}, 1, protocol.FAILED, "planted failure on rank 1", protocol.ABORTED),
     ("hang_on", {"rank": 0}, 0, protocol.TIMEOUT, "cell timeout", protocol.PASSED),
     ("sigkill_on", {"rank": 1}, 1, protocol.DIED, "signal SIGKILL", None),
+    ("sigstop_on", {"rank": 1}, 1, protocol.STOPPED, "stopped (SIGSTOP)", protocol.ABORTED),
     ("exit_on", {"rank": 0, "code": 3}, 0, protocol.DIED, "exited with code 3", None),
     ("segfault_on", {"rank": 1}, 1, protocol.DIED, "signal SIGSEGV", None),
     ("unserializable", {}, 0, protocol.FAILED, "not JSON serializable", protocol.FAILED),
@@ -72,6 +73,16 @@ def test_fault_is_reported_and_the_next_cell_passes(
     after = run(world, "healthy")
     assert after.ok, after.describe()
     assert after.startup > 0.0, "a world that saw a fault must be replaced"
+
+
+def test_a_stopped_rank_is_given_up_after_a_grace_not_at_the_timeout(world: World) -> None:
+    run(world, "healthy")
+    began = time.monotonic()
+    outcome = world.run(protocol.Task("tests.support.faulty_programs:sigstop_on", {"rank": 0}), timeout=120)
+    elapsed = time.monotonic() - began
+    assert outcome.culprits()[0].status == protocol.STOPPED, outcome.describe()
+    assert elapsed < STOP_GRACE_S + SLACK, f"took {elapsed:.1f}s"
+    assert "all_reduce" in (outcome.results[1].stacks or ""), "its peer, waiting on it: " + outcome.describe()
 
 
 def test_hanging_rank_is_shown_where_it_hangs(world: World) -> None:
