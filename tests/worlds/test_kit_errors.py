@@ -89,12 +89,15 @@ def _ranks_of(report_dir) -> list[int]:
     return left
 
 
-def test_a_rank_killed_in_the_first_probe_is_survived_on_a_fresh_world(tmp_path) -> None:
-    run = _run(tmp_path, "probe_rank_killed_once")
+@pytest.mark.parametrize(
+    ("fault", "status"), [("probe_rank_killed_once", "died"), ("probe_rank_stopped_once", "stopped")]
+)
+def test_a_rank_lost_in_the_first_probe_is_survived_on_a_fresh_world(tmp_path, fault: str, status: str) -> None:
+    run = _run(tmp_path, fault)
     assert run.returncode == 0, run.output
     assert set(run.report["counts"]) == {"passed"}, run.report["counts"]
     retried = [w for w in run.report["warnings"] if "did not complete at first and did on a fresh world" in w]
-    assert len(retried) == 1 and "rank 1: died" in retried[0]
+    assert len(retried) == 1 and f"rank 1: {status}" in retried[0]
 
 
 def test_a_probe_that_fails_twice_ends_the_run_in_one_error_line(tmp_path) -> None:
