@@ -57,13 +57,15 @@ class Node:
         return [line for i in range(len(self.agents)) for line in said(self.folder / f"agent{i}.log")]
 
     def close(self) -> None:
-        """Start no more; an agent the run left behind exits by itself once its controller is
-        gone (killed only where it does not, which the test then finds)."""
+        """Start no more. An agent that joined exits by itself once its controller is gone
+        (killed only where it does not, which the test then finds); one started after the
+        last loss may still be waiting for an answer the run, over, never gives: killed."""
         self._done.set()
         self._thread.join()
-        for agent in self.agents:
+        for i, agent in enumerate(self.agents):
+            joined = any("joined the run" in line for line in said(self.folder / f"agent{i}.log"))
             try:
-                agent.wait(timeout=60)
+                agent.wait(timeout=30 if joined else 0.1)
             except subprocess.TimeoutExpired:
                 agent.kill()
                 agent.wait()
