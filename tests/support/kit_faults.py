@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import signal
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -83,16 +82,19 @@ def run_cell_with_fault(
 
 
 # Faults of the composition probe (plant_plugin swaps the probe's task, not the cell's).
-PROBE_FAULTS = ("probe_rank_killed_once", "probe_rank_stopped_once", "probe_rank_killed_always")
+PROBE_FAULTS = ("probe_rank_killed_once", "probe_rank_stopped_once", "probe_node_lost_once", "probe_rank_killed_always")
 
 
 def probe_with_fault(fault: str, marker: str) -> Any:
-    """Rank 1 kills (SIGKILL) or stops (SIGSTOP) itself while probing: at the first probe only,
-    or every time; ``marker`` (a folder the pytest process made) remembers the first across worlds."""
+    """Rank 1 kills (SIGKILL) or stops (SIGSTOP) itself, or is lost with its node (another
+    machine's rank: its agent, torchrun and itself killed), while probing: at the first probe
+    only, or every time; ``marker`` (a folder the pytest process made) remembers the first
+    across worlds."""
+    from conformance.rank.chaos import HOW
     from conformance.rank.probe import probe_compositions
 
     first = not os.path.exists(os.path.join(marker, "lost"))
     if int(os.environ["RANK"]) == 1 and (first or fault.endswith("_always")):
         open(os.path.join(marker, "lost"), "w").close()
-        os.kill(os.getpid(), signal.SIGSTOP if "_stopped_" in fault else signal.SIGKILL)
+        HOW["stop" if "_stopped_" in fault else "node" if "_node_" in fault else "kill"]()
     return probe_compositions()

@@ -27,17 +27,19 @@ KIT_FAULT_ENV = "CONFORMANCE_KIT_FAULT"
 def pytest_configure(config: pytest.Config) -> None:
     runner = config.stash[RUNNER]
     fault = os.environ.get(KIT_FAULT_ENV)
-    if fault in kit_faults.PROBE_FAULTS:
-        # a rank killed while the compositions are probed; the marker says whether it was yet
-        payload = {"fault": fault, "marker": tempfile.mkdtemp(prefix="probe-fault-")}
+    # a probe's fault and rank_lost go together ("probe_node_lost_once+rank_lost")
+    kinds = set(fault.split("+")) if fault else set()
+    if probe := kinds & set(kit_faults.PROBE_FAULTS):
+        # a rank lost while the compositions are probed; the marker says whether it was yet
+        payload = {"fault": probe.pop(), "marker": tempfile.mkdtemp(prefix="probe-fault-")}
         runner.probe_task = protocol.Task("tests.support.kit_faults:probe_with_fault", payload)
-        return
-    if fault == "rank_lost":
+    if "rank_lost" in kinds:
         lost_at = json.loads(os.environ.get(kit_faults.LOST_AT_ENV, "{}"))
         clean = runner.cell_task
         runner.cell_task = lambda cell: (
             Fault(1, *lost_at[cell.id]).task(clean(cell)) if cell.id in lost_at else clean(cell)
         )
+    if kinds & {"rank_lost", *kit_faults.PROBE_FAULTS}:
         return
     if fault == "controller_killed_at_report":
         from conformance.reports import writer
@@ -57,4 +59,3 @@ def pytest_configure(config: pytest.Config) -> None:
     runner.cell_task = lambda cell: protocol.Task(
         "tests.planted.registry:run_cell_with_bug", {"bug": bug, **runner.cell_payload(cell)}
     )
-

@@ -3,9 +3,10 @@ naming the rank, its node and the phase; a join agent started in the lost node's
 Slurm or a person restarts one) serves every later cell, each judged as in a clean run; the
 reports are whole, and nothing of the run outlives it.
 
-One suite run holds the whole matrix: each of the cheapest real cells of ci loses node 1 (its
-join agent, torchrun and rank 1, SIGKILLed at once by rank 1 entering the phase: see
-conformance/rank/chaos.py) at another phase, and the cheapest is left clean. The test keeps an
+One suite run holds the whole matrix: node 1 (its join agent, torchrun and rank 1, SIGKILLed
+at once by rank 1: see conformance/rank/chaos.py) is lost in the first composition probe,
+each of the cheapest real cells of ci loses it at another phase, and the cheapest is left
+clean. The test keeps an
 agent running on "node 1" throughout, starting a new one whenever the last has exited."""
 
 from __future__ import annotations
@@ -85,7 +86,12 @@ def test_a_node_lost_at_each_phase_fails_that_cell_alone_and_a_new_agent_takes_i
             tmp_path,
             *("--nnodes", "2", "--nproc", "1", "--rdzv-endpoint", endpoint),
             *("--node-silence", str(SILENCE), "--profile", "ci", "-k", " or ".join(c.id for c in cheapest)),
-            env={seal.ENV_TOKEN: TOKEN, KIT_FAULT_ENV: "rank_lost", LOST_AT_ENV: json.dumps(lost_at)},
+            # and in the composition probe, the first time: the probe's retry waits for a new agent
+            env={
+                seal.ENV_TOKEN: TOKEN,
+                KIT_FAULT_ENV: "probe_node_lost_once+rank_lost",
+                LOST_AT_ENV: json.dumps(lost_at),
+            },
             plant=True,
             shared=False,  # its worlds span the agents' node: none of the pool's one-machine worlds
             timeout=900,
@@ -106,10 +112,12 @@ def test_a_node_lost_at_each_phase_fails_that_cell_alone_and_a_new_agent_takes_i
             assert "the kit broke" not in item["message"]
             assert "did not run to completion: rank 1 died during " in head and phase in head, head
             assert "node 1 (" in item["message"] and "stopped answering" in item["message"], item["message"]
-    # the node was lost once per faulted cell, and a new agent held it for each world after
+    retried = [w for w in run.report["warnings"] if "did not complete at first and did on a fresh world" in w]
+    assert len(retried) == 1 and "rank 1: died" in retried[0] and "node 1 (" in retried[0], run.report["warnings"]
+    # the node was lost in the probe and once per faulted cell, and a new agent held it for each world after
     exits = [agent.returncode for agent in node.agents]
-    assert exits.count(-signal.SIGKILL) == len(faulted), (exits, node.said())
-    assert sum("joined the run" in line for line in node.said()) >= len(faulted), node.said()
+    assert exits.count(-signal.SIGKILL) == len(faulted) + 1, (exits, node.said())
+    assert sum("joined the run" in line for line in node.said()) >= len(faulted) + 1, node.said()
     lines = [json.loads(line) for line in (run.report_dir / "report.jsonl").read_text().splitlines()]
     assert len(lines) >= len(run.report["cells"])
     deadline = time.monotonic() + 10
