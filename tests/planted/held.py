@@ -47,7 +47,11 @@ FSDP_OFFLOADING: Pred = lambda c: FSDP(c) and OFFLOADING(c)  # noqa: E731
 
 @planted(
     {
-        "memory": Expect(FSDP_PLAIN, NONE, "held after forward"),
+        # where the cell offloads, the forward's peak along its plan may see the buffer too: it
+        # is the size of gloo's late release of the same all-gather, which that row allows for,
+        # so only a run where gloo released on time shows it (1,120 B over the plan, once in
+        # two runs of the same infer cell: docs/measurements.md, session 29)
+        "memory": Expect(FSDP_PLAIN, FSDP_OFFLOADING, "held after forward"),
         "offload": Expect(FSDP_OFFLOADING, NONE, "kept"),
     },
     cells=(FSDP_PLAIN, FSDP_OFFLOADING, DDP),

@@ -144,9 +144,19 @@ def test_a_node_that_dies_mid_cell_fails_the_cell_naming_the_node(run: Run) -> N
 def test_an_agent_that_joins_takes_the_lost_nodes_place_and_the_one_it_replaced_leaves(
     run: Run, tmp_path: Path
 ) -> None:
-    """After the test above: node 1 is lost. An agent started there (as Slurm or a person
-    restarts one) takes its place; an agent that only fell silent (stopped) is taken for lost
-    and replaced too, and when it wakes it leaves instead of starting a second part."""
+    """Node 1 lost (its agent killed, if a test before this one on the worker did not): an
+    agent started there (as Slurm or a person restarts one) takes its place; an agent that only
+    fell silent (stopped) is taken for lost and replaced too, and when it wakes it leaves
+    instead of starting a second part."""
+    if run.agent.poll() is None:  # xdist may have run this module's other tests elsewhere
+        assert run.world.run(run.task("healthy"), TIMEOUT).ok  # the module's agent holds node 1
+        run.agent.kill()
+        run.agent.wait()
+        run.world.kill()  # its node-1 part was the killed agent's: lost with it (Nodes.lost_to)
+    deadline = time.monotonic() + 60
+    while 1 not in run.nodes.lost():
+        assert time.monotonic() < deadline, "node 1 never counted as lost"
+        time.sleep(0.2)
     first = join(run.endpoint, TOKEN, tmp_path / "first.log")
     second: subprocess.Popen[bytes] | None = None
     try:
