@@ -1,8 +1,8 @@
 """Worlds across machines, as two "nodes" on the loopback interface: this process's machine
 and one join agent (``python -m conformance.join``) in a subprocess, one rank each. A world
 spans both, a rank that dies on the agent's node and a node that dies mid-cell each fail the
-cell naming the node, a join with a wrong token is refused, and the suite run across both
-conforms."""
+cell naming the node, an agent that joins after a loss takes the node's place, a join with a
+wrong token is refused. The suite across both nodes: tests/worlds/test_node_lost.py."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from conformance.world import procs, protocol, seal
 from conformance.world.controller import World
 from conformance.world.launch import LaunchSpec
 from conformance.world.nodes import Nodes
-from tests.support.suite_runs import ROOT, run_suite
+from tests.support.suite_runs import ROOT
 
-pytestmark = pytest.mark.slow  # starts worlds across two agents, and the suite in a subprocess
+pytestmark = pytest.mark.slow  # starts worlds across two agents
 
 TOKEN = "the token of this test's run"
 TIMEOUT = 30.0
@@ -200,31 +200,6 @@ def _kill_later(agent: subprocess.Popen[bytes], after: float) -> threading.Threa
     thread = threading.Thread(target=kill)
     thread.start()
     return thread
-
-
-def test_the_suite_across_two_nodes_conforms(tmp_path: Path) -> None:
-    endpoint = f"127.0.0.1:{_free_port()}"
-    log = tmp_path / "agent.log"
-    agent = join(endpoint, TOKEN, log)
-    try:
-        layout = ["--nnodes", "2", "--nproc", "1", "--rdzv-endpoint", endpoint]
-        suite = run_suite(
-            tmp_path,
-            *layout,
-            *("--profile", "smoke", "-k", "mlp and fsdp_jit"),
-            env={seal.ENV_TOKEN: TOKEN},
-            timeout=300,
-            shared=False,  # its worlds span the agent's node: none of the pool's one-machine worlds
-        )
-        assert suite.returncode == 0, suite.output
-        assert suite.report["environment"]["nodes"] == 2 and suite.report["environment"]["world_size"] == 2
-        assert {c["outcome"] for c in suite.report["cells"]} == {"passed"}, suite.summary
-        assert agent.wait(timeout=30) == 0, "\n".join(said(log))
-        assert said(log)[-1] == "conformance.join: the run is over"
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-    assert procs.process_state(agent.pid)[0] is False
 
 
 def test_an_agent_exits_with_its_controller(tmp_path: Path) -> None:

@@ -99,6 +99,7 @@ def test_a_node_lost_at_each_phase_fails_that_cell_alone_and_a_new_agent_takes_i
     finally:
         node.close()
     assert run.returncode == 1, run.output
+    assert run.report["environment"]["nodes"] == 2 and run.report["environment"]["world_size"] == 2
     by_cell: dict[str, list[dict]] = {}
     for item in run.report["cells"]:
         by_cell.setdefault(item["cell"], []).append(item)
@@ -118,6 +119,12 @@ def test_a_node_lost_at_each_phase_fails_that_cell_alone_and_a_new_agent_takes_i
     exits = [agent.returncode for agent in node.agents]
     assert exits.count(-signal.SIGKILL) == len(faulted) + 1, (exits, node.said())
     assert sum("joined the run" in line for line in node.said()) >= len(faulted) + 1, node.said()
+    # every other agent: told the run is over (0), turned away while the node still answered
+    # (2), or started after the last loss and never joined before the run ended (terminated)
+    for i, code in enumerate(exits):
+        lines = said(tmp_path / f"agent{i}.log")
+        assert code in (-signal.SIGKILL, 0, 2, -signal.SIGTERM), (i, code, lines)
+        assert code != 0 or lines[-1] == "conformance.join: the run is over", lines
     lines = [json.loads(line) for line in (run.report_dir / "report.jsonl").read_text().splitlines()]
     assert len(lines) >= len(run.report["cells"])
     deadline = time.monotonic() + 10
