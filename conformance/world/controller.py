@@ -29,8 +29,8 @@ from conformance.world.seal import PLAIN, Channel, WrongToken, control_store
 CLOSE_TIMEOUT_S = 10.0
 
 STACK_WAIT_S = 2.0
-# how long a rank may stay stopped (SIGSTOP) before it is given up: a suspend that the job's
-# scheduler undoes, or a stop a person undoes at once, outlasts no such grace
+# how long a rank may stay stopped (SIGSTOP) before it is given up: a stop someone undoes at
+# once passes (a scheduler that suspends the whole job stops this controller with it)
 STOP_GRACE_S = 5.0
 
 
