@@ -227,8 +227,9 @@ class World:
                         results[rank] = protocol.RankResult(rank, protocol.DIED, error="torchrun exited")
                 self._abort(results, protocol.ABORTED, "stopped after a peer rank was lost")
                 break
-            if first_failure is not None and now - first_failure > self._grace(pending):
-                self._abort(results, protocol.ABORTED, f"still running {self._grace(pending):.0f}s after a peer failed")
+            grace = self._grace(pending)
+            if first_failure is not None and now - first_failure > grace:
+                self._abort(results, protocol.ABORTED, f"still running {grace:.0f}s after a peer failed")
                 break
             if now - began > timeout:
                 self._abort(results, protocol.TIMEOUT, f"no result within the cell timeout of {timeout:.0f}s")
