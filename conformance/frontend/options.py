@@ -15,12 +15,14 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conformance.matrix.axes import cell_from_axes
 from conformance.matrix.cells import Cell
 from conformance.world import launch
+from conformance.world.nodes import REJOIN_TIMEOUT_S, SILENCE_S
 from conformance.world.protocol import split_endpoint
 
 
@@ -250,3 +252,34 @@ def replay(text: str) -> Cell:
         return cell_from_axes(axes)
     except ValueError as exc:
         raise pytest.UsageError(f"--replay: {exc}") from None
+
+
+def add_node_options(group: Any) -> None:
+    """The options of a run across machines (docs/running.md#worlds-across-machines)."""
+    group.addoption(
+        "--nnodes",
+        default=1,
+        metavar="N",
+        help="machines per world (default 1); above 1 --nproc counts ranks per machine, --rdzv-endpoint is needed, "
+        "and each other machine runs `python -m conformance.join HOST:PORT`",
+    )
+    group.addoption(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="with --nnodes above 1: where this machine listens for the other machines' join agents",
+    )
+    group.addoption(
+        "--node-silence",
+        default=SILENCE_S,
+        metavar="SECONDS",
+        help=f"with --nnodes above 1: a machine whose join agent's heartbeat stands still this long is lost "
+        f"with its ranks (default {SILENCE_S:.0f})",
+    )
+    group.addoption(
+        "--rejoin-timeout",
+        default=REJOIN_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"with --nnodes above 1: how long the next world waits for a join agent to take a lost machine's "
+        f"place (default {REJOIN_TIMEOUT_S:.0f})",
+    )

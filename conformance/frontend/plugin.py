@@ -28,7 +28,7 @@ from conformance.matrix.profiles import PROFILES
 from conformance.reports.outcomes import cell_of, is_unsupported
 from conformance.world import seal
 from conformance.world.launch import visible_cuda_devices
-from conformance.world.nodes import REJOIN_TIMEOUT_S, SILENCE_S, join_command
+from conformance.world.nodes import join_command
 
 hypothesis_profiles.register()  # before hypothesis's plugin reads --hypothesis-profile
 
@@ -51,33 +51,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         help="refuse to start (exit 4) with fewer than N usable GPUs per xdist worker; tox -e multigpu passes 2",
     )
-    group.addoption(
-        "--nnodes",
-        default=1,
-        metavar="N",
-        help="machines per world (default 1); above 1 --nproc counts ranks per machine, --rdzv-endpoint is needed, "
-        "and each other machine runs `python -m conformance.join HOST:PORT`",
-    )
-    group.addoption(
-        "--rdzv-endpoint",
-        default=None,
-        metavar="HOST:PORT",
-        help="with --nnodes above 1: where this machine listens for the other machines' join agents",
-    )
-    group.addoption(
-        "--node-silence",
-        default=SILENCE_S,
-        metavar="SECONDS",
-        help=f"with --nnodes above 1: a machine whose join agent's heartbeat stands still this long is lost "
-        f"with its ranks (default {SILENCE_S:.0f})",
-    )
-    group.addoption(
-        "--rejoin-timeout",
-        default=REJOIN_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"with --nnodes above 1: how long the next world waits for a join agent to take a lost machine's "
-        f"place (default {REJOIN_TIMEOUT_S:.0f})",
-    )
+    options.add_node_options(group)
     group.addoption("--cell-timeout", default=300.0, help="seconds a cell may run before its world is killed (> 0)")
     group.addoption("--isolate", action="store_true", help="start a fresh world for every cell instead of reusing one")
     group.addoption(

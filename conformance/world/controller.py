@@ -28,7 +28,6 @@ from conformance.world.seal import PLAIN, Channel, WrongToken, control_store
 # how long a world retired at the end of a run may take to exit before it is killed
 CLOSE_TIMEOUT_S = 10.0
 
-STACK_WAIT_S = 2.0
 # how long a rank may stay stopped (SIGSTOP) before it is given up: a stop someone undoes at
 # once passes (a scheduler that suspends the whole job stops this controller with it)
 STOP_GRACE_S = 5.0
@@ -202,9 +201,8 @@ class World:
             }
             if self.nodes is not None:  # the other nodes' ranks, as their agents see them
                 dead |= self.nodes.losses(self._channel, {r: self.remote[r] for r in pending if r in self.remote})
-            # a rank stopped by a signal (not a debugger's: someone may be stepping through
-            # it) waits for someone to continue it: past a grace, it is given up at once
-            # rather than at the cell timeout
+            # a rank stopped by a signal (not a debugger's: someone may be stepping through it)
+            # is given up past a grace, not at the cell timeout
             for r in pending:
                 if r in self._pids and procs.stopped(self._pids[r], traced=False):
                     stopped_since.setdefault(r, now)
@@ -243,9 +241,8 @@ class World:
         return Outcome([results[r] for r in range(self.size)], duration, 0.0)
 
     def _grace(self, pending: list[int]) -> float:
-        """How long ranks may run on after a peer failed. A peer's failure may be the echo of
-        another node's death (a collective whose peer vanished), which only that node's
-        silence tells: while its ranks are pending, wait long enough to hear it."""
+        """How long ranks may run on after a peer failed: while another node's ranks are pending,
+        long enough to hear its silence (the failure may echo that node's death)."""
         if self.nodes is not None and any(r in self.remote for r in pending):
             return max(self.failure_grace, self.nodes.silence + 2 * BEAT_S)
         return self.failure_grace
@@ -278,7 +275,9 @@ class World:
     def _abort(self, results: dict[int, protocol.RankResult], status: str, why: str) -> None:
         """Take the stacks of every rank still running, then mark them with ``status``."""
         pending = self._pending(results)
-        stacks = self._collect_stacks(pending)
+        assert self._dir is not None
+        here = {r: self._pids[r] for r in pending if r in self._pids}  # another node's: not signalled from here
+        stacks = procs.collect_stacks(self._dir, here)
         for rank in pending:
             halted = rank in self._pids and procs.stopped(self._pids[rank])
             said = f"{why}: the rank process was stopped (SIGSTOP), not running" if halted else why
@@ -291,26 +290,6 @@ class World:
                 if r.status != protocol.FAILED:  # a failed rank's traceback says where it was
                     r.phase = self._phase(r.rank)
         self.kill()
-
-    def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
-        assert self._dir is not None
-        ranks = [r for r in ranks if r in self._pids]  # another node's ranks cannot be signalled from here
-        files = {r: self._dir / f"rank{r}.stacks" for r in ranks}
-        sizes = {r: f.stat().st_size if f.exists() else 0 for r, f in files.items()}
-        signalled = []
-        for r in ranks:
-            try:
-                os.kill(self._pids[r], signal.SIGUSR1)
-                signalled.append(r)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + STACK_WAIT_S
-        while time.monotonic() < deadline and not all(
-            files[r].exists() and files[r].stat().st_size > sizes[r] for r in signalled
-        ):
-            time.sleep(0.02)
-        time.sleep(0.05)  # let faulthandler finish writing every thread
-        return {r: files[r].read_bytes()[sizes[r] :].decode(errors="replace") for r in signalled if files[r].exists()}
 
     def _logs(self) -> str:
         if self._dir is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from pathlib import Path
 FIRST_PAUSE_S = 0.001
 LONGEST_PAUSE_S = 0.05
 LOG_TAIL_CHARS = 4000
+STACK_WAIT_S = 2.0
 
 
 def pauses() -> Iterator[float]:
@@ -74,3 +76,24 @@ def tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
     except FileNotFoundError:
         return ""
     return data[-chars:].decode(errors="replace")
+
+
+def collect_stacks(world_dir: Path, pids: dict[int, int]) -> dict[int, str]:
+    """Each rank's Python stacks (rank -> pid): faulthandler writes them to ``rank<N>.stacks``
+    on SIGUSR1 (conformance/world/rankloop.py); what it added since is read back."""
+    files = {r: world_dir / f"rank{r}.stacks" for r in pids}
+    sizes = {r: f.stat().st_size if f.exists() else 0 for r, f in files.items()}
+    signalled = []
+    for r, pid in pids.items():
+        try:
+            os.kill(pid, signal.SIGUSR1)
+            signalled.append(r)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + STACK_WAIT_S
+    while time.monotonic() < deadline and not all(
+        files[r].exists() and files[r].stat().st_size > sizes[r] for r in signalled
+    ):
+        time.sleep(0.02)
+    time.sleep(0.05)  # let faulthandler finish writing every thread
+    return {r: files[r].read_bytes()[sizes[r] :].decode(errors="replace") for r in signalled if files[r].exists()}
