@@ -44,7 +44,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--operators",
         nargs="+",
         default=None,
-        help="only these operators (core/..., kit/...), or 'kept-running': those whose mutants tend to keep Thunder running",
+        help="only these operators (core/..., kit/...), or 'kept-running': "
+        "those whose mutants tend to keep Thunder running",
     )
     p.add_argument("--diff", default=None, metavar="A..B", help="only mutants on lines commits A..B changed")
     p.add_argument("--thunder-repo", type=Path, default=None, help="with --diff: a git checkout of Thunder")
@@ -52,6 +53,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("mutants"), help="the session, the overlay, the reports")
     p.add_argument("--equivalents", type=Path, default=DEFAULT_EQUIVALENTS, help="the reviewed equivalents file")
+    p.add_argument(
+        "--resume-from",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="an earlier analysis's mutants.json: its verdicts stand for the mutants it judged "
+        "(a census carried to a fresh machine)",
+    )
     p.add_argument("--list", action="store_true", help="list the selected mutants and their cells; run nothing")
     p.add_argument("--report-only", action="store_true", help="write the reports of what the session judged")
     p.add_argument(
@@ -126,6 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     session = Session(args.out / "session.sqlite")
     try:
         added = session.add(chosen)
+        if args.resume_from is not None:
+            try:
+                earlier = json.loads(args.resume_from.read_text())["mutants"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                print(f"ERROR: --resume-from {args.resume_from}: no mutants.json there ({exc})", file=sys.stderr)
+                return 4
+            print(f"{session.adopt(earlier)} verdicts taken from {args.resume_from}", flush=True)
         if args.rejudge is not None:
             print(f"{session.forget(args.rejudge)} mutants judged {args.rejudge!r} to judge again", flush=True)
         # the cheapest first (fewest cells to run), so that an analysis stopped early has

@@ -5,9 +5,11 @@ output, beside cosmic-ray's coarse killed / survived / incompetent."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from cosmic_ray.work_db import WorkDB, WorkResultStorage
 from cosmic_ray.work_item import MutationSpec, TestOutcome, WorkerOutcome, WorkItem, WorkResult
@@ -86,6 +88,23 @@ class Session:
         worker, coarse = _COARSE[verdict.outcome]
         result = WorkResult(worker_outcome=worker, output=json.dumps(verdict.to_json()), test_outcome=coarse, diff=diff)
         self.db.set_result(mutant.id, result)
+
+    def adopt(self, entries: Iterable[dict[str, Any]]) -> int:
+        """Take the verdicts an earlier analysis's mutants.json gives (its ``mutants``) for the
+        mutants this session holds and has not judged; how many. A mutant's id carries its
+        file's hash, so only verdicts on this very source apply. Equivalents are the
+        equivalents file's to say, and a kit error is judged again (the kit may be mended)."""
+        fields = {f.name for f in dataclasses.fields(Verdict)}
+        pending = {m.id: m for m in self.pending()}
+        taken = 0
+        for entry in entries:
+            mutant = pending.get(entry.get("id", "")) if isinstance(entry, dict) else None
+            if mutant is None or entry.get("outcome") in (EQUIVALENT, KIT_ERROR):
+                continue
+            verdict = Verdict.from_json({k: v for k, v in entry.items() if k in fields})
+            self.record(mutant, verdict, entry.get("diff", ""))
+            taken += 1
+        return taken
 
     def forget(self, outcome: str) -> int:
         """Drop the verdicts of every mutant judged ``outcome`` (after the kit was fixed, say),

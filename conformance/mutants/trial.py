@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import json
 import os
 import shutil
@@ -36,7 +37,7 @@ class Plan:
 def device(suite_args: tuple[str, ...]) -> str:
     """Where the trials' ranks hold their tensors, "cuda" or "cpu": as the suite resolves its
     backend from ``--backend`` and ``--nproc`` (nccl's ranks are on GPUs, any other's on the CPU)."""
-    args = dict(zip(suite_args, suite_args[1:]))
+    args = dict(itertools.pairwise(suite_args))
     requested, nproc = args.get("--backend", "auto"), args.get("--nproc", "2")
     if nproc == "gpus":
         return "cuda" if requested in ("auto", "nccl") else "cpu"

@@ -203,9 +203,19 @@ def test_the_session_resumes_with_what_it_has_not_judged(tmp_path: Path) -> None
     again = Session(tmp_path / "s.sqlite")
     assert again.add(every) == 0
     assert [m.id for m in again.pending()] == sorted(m.id for m in every[1:])
-    [(mutant, verdict, diff)] = again.judged()
+    [(mutant, verdict, diff)] = again_judged = again.judged()
     assert mutant == every[0] and verdict.areas == ("numerics",) and diff == "diff"
     again.close()
+    # on a fresh machine, from the record an earlier one wrote: its verdicts stand, but not
+    # its kit errors or equivalents (each judged again), nor one about another source
+    fresh = Session(tmp_path / "fresh.sqlite")
+    fresh.add(every)
+    record = report.build([(mutant, verdict, diff)], {}, CoverageMap("0", {}, {}, (), {}))["mutants"]
+    other = {**record[0], "id": every[1].id.replace("@", "@0"), "outcome": SURVIVED}
+    kit, equal = ({"id": every[i].id, "outcome": o} for i, o in ((1, KIT_ERROR), (2, "equivalent")))
+    assert fresh.adopt([*record, other, kit, equal, "not an entry"]) == 1
+    assert fresh.judged() == again_judged and len(fresh.pending()) == 2
+    fresh.close()
 
 
 def test_changed_lines_are_the_new_sides_lines() -> None:
