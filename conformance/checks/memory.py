@@ -32,7 +32,8 @@ Bounded:
   and, under ZERO2, saved for the backward) plus ACTIVATION_FACTOR x eager's forward peak on
   the same input (the float32 twin's below float32: Thunder computes low-precision chains in
   float32) plus what the offloading transform copied on the same device, plus on gloo the
-  largest gathered bucket (its worker thread releases a finished all-gather's buffers late);
+  two largest gathered buckets (each of its two worker threads releases a finished
+  all-gather's buffers late);
 - backward: the forward's bound plus eager's backward peak (its full gradients included).
   Nothing for gloo: it reduce-scatters by all-reducing a full-size clone of its input (torch
   PR #118911), but makes the clone on its own thread, where the tracker (a thread-local

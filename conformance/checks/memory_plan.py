@@ -12,7 +12,7 @@ import torch
 
 from conformance.checks.dataflow import estimated_returned, tensor_proxies
 from conformance.checks.findings import Findings
-from conformance.checks.memory_terms import late_release, replicated
+from conformance.checks.memory_terms import GLOO_THREADS, late_release, replicated
 from conformance.checks.plan import Walk, handed_to_backward, sized, walk
 from conformance.checks.record import CellRecord
 from conformance.checks.storages import allocations, distinct_storages, padded_bytes
@@ -46,9 +46,10 @@ def along_the_plan(run: CellRecord, traces: dict[str, Any], found: Findings) -> 
     planned = {}
     for phase, (along, plan) in plans.items():
         rise = memory.peaks[phase] - began[phase]
-        # gloo's worker lets go of a finished all-gather's output a moment after ``wait()``
-        # returns: in a phase that gathers, the model's largest gathered unit
-        # (``memory_terms.late_release``, as the forward's bound allows it) may outlive its ``del``
+        # each of gloo's worker threads lets go of a finished all-gather's output a moment after
+        # ``wait()`` returns: in a phase that gathers, the model's largest gathered units, one
+        # per thread (``memory_terms.late_release``, as the forward's bound allows them), may
+        # outlive their ``del``
         late = late_release(run) if along.largest_gathered else 0
         planned[phase] = began[phase] + plan
         with found.expect(f"{phase} plan frees at last use"):
@@ -75,7 +76,7 @@ def along_the_plan(run: CellRecord, traces: dict[str, Any], found: Findings) -> 
             named = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in sized(along, excess))
             assert excess <= late, (
                 f"the {phase} allocated {rise} bytes at its peak, {excess} more than its trace's plan ({plan})"
-                + (f" and gloo's late release of its largest all-gather ({late})" if late else "")
+                + (f" and gloo's late release of its {GLOO_THREADS} largest all-gathers ({late})" if late else "")
                 + ": the runtime keeps a tensor longer than the plan or copies one it does not"
                 + (f"; the plan drops tensors of exactly that size: {named}" if named else "")
             )

@@ -181,22 +181,29 @@ def _counted(tensors: Iterable[torch.Tensor]) -> Iterator[int]:
     return (t.nbytes for t in tensors if t.dim())
 
 
+# gloo runs a process group's collectives on a pool of worker threads, two per device (torch's
+# ProcessGroupGloo constructor; tests/unit/test_cuda_memory.py reads it off a real one)
+GLOO_THREADS = 2
+
+
 def late_release(run: CellRecord) -> int:
-    """What gloo may still hold when a phase is read: its worker thread lets go of a finished
-    all-gather's buffers a moment after ``wait()`` returns, so the forward's peak can include
-    one gathered unit more than the trace keeps, varying run to run. On gloo only, the largest
-    unit: a bucket as the cell's bucketing packs them, or one parameter where the xfails file
-    declares that this Thunder gathers per parameter (``declared.UNBUCKETED``): a bucket's
-    bytes there would hide a gathered parameter kept to the forward's end."""
+    """What gloo may still hold when a phase is read: each of its worker threads lets go of a
+    finished all-gather's buffers a moment after ``wait()`` returns, so the forward's peak
+    can include one gathered unit more than the trace keeps per thread, varying run to run.
+    On gloo only, the ``GLOO_THREADS`` largest units: buckets as the cell's bucketing packs
+    them, or parameters where the xfails file declares that this Thunder gathers per parameter
+    (``declared.UNBUCKETED``): a bucket's bytes there would hide a gathered parameter kept
+    to the forward's end."""
     if run.backend != "gloo" or replicated(run):  # DDP gathers nothing
         return 0
     storages = distinct_storages(run.eager_model)
     world = run.cell.world_size
     bucketing = "none" if UNBUCKETED in run.declared else run.cell.bucketing
-    return max(
+    units = sorted(
         (
             allocations((padded_bytes(storages[n], world) for n in names), run.device)
             for names in buckets(run.eager_model, bucketing).values()
         ),
-        default=0,
+        reverse=True,
     )
+    return sum(units[:GLOO_THREADS])

@@ -104,11 +104,12 @@ def test_setup_estimate_and_bounds_round_each_tensor() -> None:
     run = _run(CUDA, "meta_module_init")
     run.memory.module_inits = inits
     assert memory_terms.setup_estimate(run, 2048) == 2048 + 1536 + 1536
-    # the gloo allowance (the largest gathered bucket) rounds each of its tensors too
+    # the gloo allowance (the two largest gathered units, one per worker thread: fc1's and
+    # fc2's weights unbucketed) rounds each of its tensors too
     gloo_on_cuda = _run(CUDA)
     gloo_on_cuda.backend = "gloo"
-    assert memory_terms.late_release(gloo_on_cuda) == 1024
-    assert memory_terms.late_release(_run(CPU)) == 960
+    assert memory_terms.late_release(gloo_on_cuda) == 1024 + 1024
+    assert memory_terms.late_release(_run(CPU)) == 960 + 640
     assert memory_terms.late_release(_run(CUDA)) == 0  # NCCL: no late release
 
 
@@ -129,14 +130,26 @@ def test_ddp_setup_under_real_init_is_the_construction_exactly() -> None:
     assert memory._setup_bound(on_cuda, memory_terms.terms(on_cuda), 1000) == 1250
 
 
-def test_the_gloo_allowance_is_one_bucket_or_one_parameter_where_the_xfails_file_says_so() -> None:
-    # LAYER buckets of MLP over 2 ranks: fc1 (960 + 80 B) and fc2 (640 + 32 B padded)
+def test_the_gloo_allowance_is_a_bucket_per_thread_or_parameters_where_the_xfails_file_says_so() -> None:
+    # LAYER buckets of MLP over 2 ranks: fc1 (960 + 80 B) and fc2 (640 + 32 B padded), one
+    # per gloo worker thread
     layer = _run(CPU, bucketing="layer")
-    assert memory_terms.late_release(layer) == 960 + 80
-    # a Thunder declared to gather per parameter has one parameter in flight, never a bucket:
+    assert memory_terms.late_release(layer) == 960 + 80 + 640 + 32
+    # a Thunder declared to gather per parameter has parameters in flight, never buckets:
     # a bucket's bytes would hide a gathered parameter kept to the forward's end
     layer.declared = frozenset({UNBUCKETED})
-    assert memory_terms.late_release(layer) == 960
+    assert memory_terms.late_release(layer) == 960 + 640
+
+
+def test_gloo_runs_collectives_on_as_many_threads_as_the_allowance_counts() -> None:
+    """The allowance's thread count is torch's: read off a real gloo process group (one
+    rank, its own store: no global state)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=30))
+    assert group.options._threads == memory_terms.GLOO_THREADS
 
 
 def test_shard_bytes_keeps_its_cpu_default() -> None:
