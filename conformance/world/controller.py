@@ -25,6 +25,8 @@ from conformance.world.outcome import Outcome
 from conformance.world.protocol import BEAT_S
 from conformance.world.seal import PLAIN, Channel, WrongToken, control_store
 
+START = "world start"  # the phase of a rank lost before it greeted
+
 # how long a world retired at the end of a run may take to exit before it is killed
 CLOSE_TIMEOUT_S = 10.0
 
@@ -34,7 +36,9 @@ STOP_GRACE_S = 5.0
 
 
 class WorldStartError(RuntimeError):
-    pass
+    def __init__(self, message: str, died: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.died = died  # the ranks seen to die while the world started, first first
 
 
 class World:
@@ -101,7 +105,9 @@ class World:
             )
         keys = [protocol.hello_key(r) for r in range(self.size)]
         pauses = procs.pauses()
+        starting = procs.StartWatch(protocol.ENV_WORLD_DIR, str(self._dir), self.spec.nproc)
         while not self._store.check(keys):
+            starting.look()
             trouble = self.nodes.trouble(self._channel) if self.nodes is not None else None
             if trouble or self._proc.poll() is not None or time.monotonic() - began > self.start_timeout:
                 reason = trouble or (
@@ -111,7 +117,7 @@ class World:
                 )
                 logs = self._logs()
                 self.kill()
-                raise WorldStartError(f"the world did not start: {reason}\n{logs}")
+                raise WorldStartError(f"the world did not start: {reason}\n{logs}", tuple(starting.died))
             time.sleep(next(pauses))
         for rank in range(self.size):
             hello = json.loads(self._channel.get(protocol.hello_key(rank)))
@@ -162,8 +168,7 @@ class World:
             try:
                 startup = self.start()
             except WorldStartError as exc:
-                results = [protocol.RankResult(r, protocol.FAILED, error=str(exc)) for r in range(self.size)]
-                return Outcome(results, 0.0, time.monotonic() - began)
+                return Outcome.not_started(str(exc), exc.died, self.size, START, time.monotonic() - began)
         outcome = self._dispatch(task, timeout)
         outcome.startup = startup
         if not outcome.ok:
@@ -179,7 +184,7 @@ class World:
         self._channel.set(protocol.task_key(seq), task.encode())
         results: dict[int, protocol.RankResult] = {}
         first_failure: float | None = None
-        stopped_since: dict[int, float] = {}  # a pending rank of this machine found stopped, since
+        stops = procs.Stops()  # the pending ranks of this machine found stopped (SIGSTOP)
         pauses = procs.pauses()
         while True:
             for rank in self._pending(results):
@@ -201,14 +206,9 @@ class World:
             }
             if self.nodes is not None:  # the other nodes' ranks, as their agents see them
                 dead |= self.nodes.losses(self._channel, {r: self.remote[r] for r in pending if r in self.remote})
-            # a rank stopped by a signal (not a debugger's: someone may be stepping through it)
-            # is given up past a grace, not at the cell timeout
-            for r in pending:
-                if r in self._pids and procs.stopped(self._pids[r], traced=False):
-                    stopped_since.setdefault(r, now)
-                else:
-                    stopped_since.pop(r, None)
-            halted = {r: now - t for r, t in stopped_since.items() if now - t > STOP_GRACE_S and r not in dead}
+            # a rank stopped by a signal is given up past a grace, not at the cell timeout
+            held = stops.look({r: self._pids[r] for r in pending if r in self._pids}, now)
+            halted = {r: t for r, t in held.items() if t > STOP_GRACE_S and r not in dead}
             dead |= {
                 r: protocol.RankResult(
                     r,

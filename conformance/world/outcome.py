@@ -28,6 +28,13 @@ class Outcome:
     duration: float  # the task itself, not counting a world start
     startup: float  # seconds spent starting a world for this task (0 when reused)
 
+    @classmethod
+    def not_started(cls, error: str, died: tuple[int, ...], size: int, phase: str, startup: float) -> Outcome:
+        """A world that did not start: the ranks seen to die first are why, their peers were
+        stopped waiting on them (torchrun kills them); none seen, every rank failed to start."""
+        status = {r: protocol.DIED if r in died else protocol.ABORTED if died else protocol.FAILED for r in range(size)}
+        return cls([protocol.RankResult(r, status[r], error=error, phase=phase) for r in range(size)], 0.0, startup)
+
     @property
     def ok(self) -> bool:
         return all(r.ok for r in self.results)

@@ -47,6 +47,62 @@ def process_state(pid: int) -> tuple[bool, int | None]:
     return True, None
 
 
+def launched_ranks(variable: str, value: str) -> dict[int, int]:
+    """rank -> pid of the processes started with ``variable=value`` and a ``RANK`` in their
+    environment (a world's ranks, by its folder, before they greet: torchrun starts each with
+    both; behind a zygote, the stub that lives and dies with its forked rank). Empty without
+    /proc (macOS)."""
+    found: dict[int, int] = {}
+    wanted = f"{variable}={value}".encode()
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        rank = next((v[5:] for v in env if v.startswith(b"RANK=")), None)
+        if wanted in env and rank is not None and rank.isdigit():
+            found.setdefault(int(rank), int(entry.name))
+    return found
+
+
+class Stops:
+    """Since when each watched process has been stopped by a signal (SIGSTOP; a debugger's
+    stop is left alone: someone may be stepping through it)."""
+
+    def __init__(self) -> None:
+        self._since: dict[int, float] = {}
+
+    def look(self, pids: dict[int, int], now: float) -> dict[int, float]:
+        """For each key of ``pids`` whose process is stopped, how long it has been."""
+        for key, pid in pids.items():
+            if stopped(pid, traced=False):
+                self._since.setdefault(key, now)
+            else:
+                self._since.pop(key, None)
+        return {k: now - t for k, t in self._since.items() if k in pids}
+
+
+class StartWatch:
+    """A world's ranks on this machine while it starts, before they greet: which went first.
+    torchrun starts them together and, within its monitor interval of the first loss, kills
+    the rest, so the first seen gone is why the world did not start; one never seen while
+    another lived went before it."""
+
+    def __init__(self, variable: str, world_dir: str, nproc: int) -> None:
+        self.variable, self.world_dir, self.nproc = variable, world_dir, nproc
+        self.launched: dict[int, int] = {}  # rank -> pid
+        self.died: list[int] = []
+
+    def look(self) -> None:
+        if len(self.launched) < self.nproc:
+            self.launched.update(launched_ranks(self.variable, self.world_dir))
+        if not self.died and (gone := [r for r, pid in self.launched.items() if not process_state(pid)[0]]):
+            self.died = [r for r in range(self.nproc) if r not in self.launched] or gone
+
+
 def stopped(pid: int, *, traced: bool = True) -> bool:
     """Whether the process is stopped (SIGSTOP; ``traced``: a debugger's stop too): alive, and
     not going to answer until someone continues it."""

@@ -112,3 +112,39 @@ def test_world_that_cannot_start_fails_the_cell_not_the_session(tmp_path) -> Non
     assert not outcome.ok
     assert "the world did not start" in outcome.results[0].error
     assert "no-such-backend" in outcome.results[0].error.lower()
+
+
+def test_a_rank_killed_while_the_world_starts_is_named_and_its_peer_aborted(tmp_path) -> None:
+    """Rank 1 killed before it greets (fresh ranks import torch for seconds first): the world
+    does not start, and the account names rank 1, dead during the world's start, and its
+    peer stopped waiting on it, not a start that merely failed."""
+    import os
+    import signal
+    import threading
+
+    from conformance.world import procs
+    from conformance.world.controller import START
+
+    world = World(LaunchSpec(nproc=2, backend="gloo"), base_dir=tmp_path, start_timeout=60)
+    killed: list[int] = []
+
+    def kill_rank_1() -> None:
+        deadline = time.monotonic() + 30
+        while not killed and time.monotonic() < deadline:
+            for world_dir in tmp_path.glob("world-*"):
+                if pid := procs.launched_ranks(protocol.ENV_WORLD_DIR, str(world_dir)).get(1):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_rank_1)
+    killer.start()
+    try:
+        outcome = run(world, "healthy")
+    finally:
+        killer.join()
+        world.close()
+    assert killed, "rank 1 was never seen starting"
+    assert [r.status for r in outcome.results] == [protocol.ABORTED, protocol.DIED], outcome.describe()
+    assert all(r.phase == START and "the world did not start" in (r.error or "") for r in outcome.results)
+    assert outcome.describe().startswith(f"--- rank 1: died after 0.0s during {START} ---")
