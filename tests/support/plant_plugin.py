@@ -3,10 +3,12 @@ set runs the real suite with that bug (a record of tests/planted/) planted in ev
 CONFORMANCE_KIT_FAULT set, with that fault of the kit itself (tests/support/kit_faults.py);
 ``rank_lost`` loses rank 1 of each cell CONFORMANCE_LOST_AT names at the phase it names (the
 mechanism of --chaos, at chosen phases); ``controller_killed_at_report`` kills this pytest
-process (SIGKILL) while it writes the reports, after report.json and before summary.md."""
+process (SIGKILL) while it writes the reports, after report.json and before summary.md;
+``agent_killed_at_report`` kills every other node's join agent there instead."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -39,7 +41,19 @@ def pytest_configure(config: pytest.Config) -> None:
         runner.cell_task = lambda cell: (
             Fault(1, *lost_at[cell.id]).task(clean(cell)) if cell.id in lost_at else clean(cell)
         )
-    if kinds & {"rank_lost", *kit_faults.PROBE_FAULTS}:
+    if "agent_killed_at_report" in kinds:  # every other node's agent SIGKILLed as the reports are written
+        from conformance.reports import writer
+
+        summary = writer.summary
+
+        def agents_killed(*args: object, **kwargs: object) -> str:
+            for node in runner.nodes.nodes[1:] if runner.nodes is not None else ():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(node.pid, signal.SIGKILL)
+            return summary(*args, **kwargs)
+
+        writer.summary = agents_killed
+    if kinds & {"rank_lost", "agent_killed_at_report", *kit_faults.PROBE_FAULTS}:
         return
     if fault == "controller_killed_at_report":
         from conformance.reports import writer

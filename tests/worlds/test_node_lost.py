@@ -5,9 +5,10 @@ reports are whole, and nothing of the run outlives it.
 
 One suite run holds the whole matrix: node 1 (its join agent, torchrun and rank 1, SIGKILLed
 at once by rank 1: see conformance/rank/chaos.py) is lost in the first composition probe,
-each of the cheapest real cells of ci loses it at another phase, and the cheapest is left
-clean. The test keeps an
-agent running on "node 1" throughout, starting a new one whenever the last has exited."""
+each of the cheapest real cells of ci loses it at another phase, the cheapest is left
+clean, and the agent serving node 1 at the end is SIGKILLed while the reports are written.
+The test keeps an agent running on "node 1" throughout, starting a new one whenever the
+last has exited."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def test_a_node_lost_at_each_phase_fails_that_cell_alone_and_a_new_agent_takes_i
             # and in the composition probe, the first time: the probe's retry waits for a new agent
             env={
                 seal.ENV_TOKEN: TOKEN,
-                KIT_FAULT_ENV: "probe_node_lost_once+rank_lost",
+                KIT_FAULT_ENV: "probe_node_lost_once+rank_lost+agent_killed_at_report",
                 LOST_AT_ENV: json.dumps(lost_at),
             },
             plant=True,
@@ -115,9 +116,11 @@ def test_a_node_lost_at_each_phase_fails_that_cell_alone_and_a_new_agent_takes_i
             assert "node 1 (" in item["message"] and "stopped answering" in item["message"], item["message"]
     retried = [w for w in run.report["warnings"] if "did not complete at first and did on a fresh world" in w]
     assert len(retried) == 1 and "rank 1: died" in retried[0] and "node 1 (" in retried[0], run.report["warnings"]
-    # the node was lost in the probe and once per faulted cell, and a new agent held it for each world after
+    # the node was lost in the probe and once per faulted cell, and a new agent held it for each
+    # world after; the last was killed while the reports were written, which are whole
     exits = [agent.returncode for agent in node.agents]
-    assert exits.count(-signal.SIGKILL) == len(faulted) + 1, (exits, node.said())
+    assert exits.count(-signal.SIGKILL) == len(faulted) + 2, (exits, node.said())
+    assert (run.report_dir / "summary.md").read_text().strip() and (run.report_dir / "report.html").is_file()
     assert sum("joined the run" in line for line in node.said()) >= len(faulted) + 1, node.said()
     # every other agent: told the run is over (0), turned away while the node still answered
     # (2), or started after the last loss and never joined before the run ended (terminated)
