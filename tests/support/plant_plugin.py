@@ -4,7 +4,8 @@ CONFORMANCE_KIT_FAULT set, with that fault of the kit itself (tests/support/kit_
 ``rank_lost`` loses rank 1 of each cell CONFORMANCE_LOST_AT names at the phase it names (the
 mechanism of --chaos, at chosen phases); ``controller_killed_at_report`` kills this pytest
 process (SIGKILL) while it writes the reports, after report.json and before summary.md;
-``agent_killed_at_report`` kills every other node's join agent there instead."""
+``agent_killed_at_report`` kills every other node's join agent there instead (a machine's
+own ranks are done by then: each world is retired after the last item that needs it)."""
 
 from __future__ import annotations
 
