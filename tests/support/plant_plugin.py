@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import tempfile
+import time
 
 import pytest
 
@@ -48,7 +49,15 @@ def pytest_configure(config: pytest.Config) -> None:
         summary = writer.summary
 
         def agents_killed(*args: object, **kwargs: object) -> str:
-            for node in runner.nodes.nodes[1:] if runner.nodes is not None else ():
+            from conformance.world.procs import process_state
+
+            agents = runner.nodes.nodes[1:] if runner.nodes is not None else []
+            # a node lost in the run's last cell is served again once a new agent has joined
+            deadline = time.monotonic() + 60
+            while not all(process_state(n.pid)[0] for n in agents) and time.monotonic() < deadline:
+                time.sleep(0.2)
+                agents = runner.nodes.nodes[1:]
+            for node in agents:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(node.pid, signal.SIGKILL)
             return summary(*args, **kwargs)
