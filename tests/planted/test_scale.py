@@ -67,7 +67,7 @@ def _failed_ranks(item: dict) -> set[int]:
     return {r["rank"] for r in item["ranks"] if r.get("failures")}
 
 
-@pytest.mark.slow(seconds=100)  # pythia compiled in 5 processes, per cell
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", [b.name for b in RECORDS if b.at_scale])
 def test_a_bug_only_scale_shows_fails_where_predicted(bug: str, tmp_path) -> None:
     runs_on = RUNS_ON.get(bug, CELLS[:1])

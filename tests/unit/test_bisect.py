@@ -271,7 +271,7 @@ def _thunder_history(repo: Path) -> dict[str, str]:
     return commits
 
 
-@pytest.mark.slow(seconds=60)  # three suite runs, a world each: both ends, then one step of git bisect run
+@pytest.mark.slow  # three suite runs, a world each: both ends, then one step of git bisect run
 def test_bisect_names_the_commit_that_planted_the_bug(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     commits = _thunder_history(repo)

@@ -31,7 +31,7 @@ from tests.support.suite_runs import probed_on_this_machine, run_suite
 from tests.worlds.test_kit_errors import _ranks_of
 from tests.worlds.test_multinode import TOKEN, _free_port, join, said
 
-pytestmark = pytest.mark.slow(seconds=190)  # runs the suite across two agents in a subprocess
+pytestmark = pytest.mark.slow  # runs the suite across two agents in a subprocess
 
 SILENCE = 3  # --node-silence: how soon the lost node is known (the kit's default is longer)
 

@@ -21,7 +21,7 @@ from tests.support.plant_plugin import KIT_FAULT_ENV
 from tests.support.suite_runs import probed_on_this_machine, run_suite
 from tests.worlds.test_kit_errors import _ranks_of
 
-pytestmark = pytest.mark.slow(seconds=115)  # runs the suite in a subprocess
+pytestmark = pytest.mark.slow  # runs the suite in a subprocess
 
 # (a phase's name or part of it, as conformance/rank/progress.py writes it; how rank 1 is lost):
 # killed, and stopped (its peers block in a collective, in setup or a step, or have finished)
