@@ -41,6 +41,9 @@ PHASES = (
     "checks",
 )
 DEFAULT_SHARE = 0.1
+# how the process is lost: killed, or stopped (SIGSTOP: given up after the controller's
+# STOP_GRACE_S, a few seconds more per faulted cell)
+HOW = ("kill", "stop")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +94,9 @@ class Chaos:
         draw = random.Random(f"{self.seed}/{cell.id}")  # a str seed is hashed the same on every run
         if draw.random() >= self.share:
             return None
-        return Fault(process=draw.randrange(world_of(cell)[0]), phase=draw.choice(PHASES))
+        process, phase = draw.randrange(world_of(cell)[0]), draw.choice(PHASES)
+        # drawn last, so that which process and phase stay what they were before stops were drawn
+        return Fault(process=process, phase=phase, how=draw.choice(HOW))
 
 
 def judged(fault: Fault, outcome: Outcome, failed: bool, message: str) -> str:

@@ -35,6 +35,7 @@ def test_a_share_of_the_cells_is_faulted_at_a_phase_a_cell_has(share: float) -> 
     assert abs(len(faults) - n * share) <= 5 * math.sqrt(n * share * (1 - share)), (len(faults), n)
     assert all(f.phase in PHASES and 0 <= f.process < world_of(c)[0] for c, f in faults.items())
     assert {f.phase for f in faults.values()} == set(PHASES) or share < 0.1
+    assert {f.how for f in faults.values()} == {"kill", "stop"}  # killed, or stopped
 
 
 def _outcome(*results: protocol.RankResult) -> Outcome:
