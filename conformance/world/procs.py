@@ -97,9 +97,11 @@ class StartWatch:
         self.died: list[int] = []
 
     def look(self) -> None:
+        if self.died:  # decided: torchrun's own kills that follow say nothing more
+            return
         if len(self.launched) < self.nproc:
             self.launched.update(launched_ranks(self.variable, self.world_dir))
-        if not self.died and (gone := [r for r, pid in self.launched.items() if not process_state(pid)[0]]):
+        if gone := [r for r, pid in self.launched.items() if not process_state(pid)[0]]:
             self.died = [r for r in range(self.nproc) if r not in self.launched] or gone
 
 
