@@ -43,7 +43,7 @@ PHASES = (
 DEFAULT_SHARE = 0.1
 # how the process is lost: killed, or stopped (SIGSTOP: given up after the controller's
 # STOP_GRACE_S, a few seconds more per faulted cell)
-HOW = ("kill", "stop")
+DRAWN_HOW = ("kill", "stop")  # of conformance/rank/chaos.py's HOW: a node is lost only across machines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +96,7 @@ class Chaos:
             return None
         process, phase = draw.randrange(world_of(cell)[0]), draw.choice(PHASES)
         # drawn last, so that which process and phase stay what they were before stops were drawn
-        return Fault(process=process, phase=phase, how=draw.choice(HOW))
+        return Fault(process=process, phase=phase, how=draw.choice(DRAWN_HOW))
 
 
 def judged(fault: Fault, outcome: Outcome, failed: bool, message: str) -> str:
