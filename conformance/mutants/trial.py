@@ -46,10 +46,11 @@ def device(suite_args: tuple[str, ...]) -> str:
 
 def cells_for(mutant: Mutant, cmap: CoverageMap) -> list[str]:
     """The cells that run the mutated lines, cheapest first, then those whose lines are
-    unknown. A line that only runs at import runs before every cell: every cell, cheapest first."""
+    unknown. A line that only runs at import runs before every cell: every cell, cheapest first
+    (a line inside a statement of several counts as its statement: a def's signature runs at import)."""
     cells = cmap.cells_running(mutant.path, mutant.lines)
     known = cmap.files.get(mutant.path)
-    if not cells and known is not None and set(mutant.lines) & set(known.import_time):
+    if not cells and known is not None and {known.statement_of(n) for n in mutant.lines} & set(known.import_time):
         cells = sorted(cmap.cells, key=lambda c: (cmap.cells[c].seconds, c))
     return [*cells, *cmap.unknown] if cells else []
 
