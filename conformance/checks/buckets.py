@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from conformance.checks.storages import distinct_storages
+from fixtures.compositions import DDP_DEFAULTS
 
 
 def bucket_of(name: str, bucketing: str) -> str:
@@ -33,7 +34,7 @@ def buckets(module: torch.nn.Module, bucketing: str, trainable_only: bool = Fals
 # default, 25 MB (the kit's CPU models fit one bucket per dtype); ``layer`` the largest
 # trainable gradient's size, so that a model's gradients fill several buckets and the
 # packing's boundaries are exercised.
-DDP_DEFAULT_BUCKET_MB = 25.0
+DDP_DEFAULT_BUCKET_MB: float = DDP_DEFAULTS["bucket_size_in_mb"]
 
 
 def ddp_bucket_mb(module: torch.nn.Module, bucketing: str) -> float:
