@@ -7,13 +7,16 @@ Thunder), cheapest first, until the first cell that fails. See docs/mutants.md.
 
 Exit status: 0 the analysis ran (whatever it found); 1 the silently-wrong score is under
 ``--fail-under``, the kit broke on a mutant, or a check killed a mutant the equivalents file
-calls equivalent; 4 bad input (one ``ERROR:`` line).
+calls equivalent; 4 bad input (one ``ERROR:`` line); 130 stopped by SIGINT or SIGTERM (the
+trial under way is dropped, the overlay restored, and the report covers what was judged: the
+same command resumes).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -151,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             (m for m in session.pending() if m.id in asked),
             key=lambda m: (len(trial.cells_for(m, cmap)), m.id),
         )
+        stopped = False
         if not args.report_only:
             print(f"{added} mutants added, {len(pending)} to judge ({args.out / 'session.sqlite'})", flush=True)
-            judge(pending, session, reviewed, cmap, root, args)
+            stopped = judge(pending, session, reviewed, cmap, root, args)
         data = report.build(session.judged(), reviewed, cmap)
     finally:
         session.close()
@@ -163,7 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     broke = data["score"]["counts"].get(KIT_ERROR, 0)
     silent = data["score"]["silent_score"]
     under = args.fail_under is not None and (silent is None or 100 * silent < args.fail_under)
+    if stopped:
+        return 130
     return 1 if broke or under or data["equivalence_refuted"] else 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def judge(
@@ -173,9 +183,33 @@ def judge(
     cmap: CoverageMap,
     root: Path,
     args: argparse.Namespace,
-) -> None:
+) -> bool:
+    """Judge ``pending`` in turn; whether a signal stopped it first. SIGTERM stops it as
+    Ctrl-C does: the trial under way unwinds, so its file in the overlay is restored."""
     overlay = Overlay(args.out / "overlay", root)
+    if overlay.restored:
+        print(f"the overlay held files an earlier analysis left mutated, restored: {', '.join(overlay.restored)}")
     plan = trial.Plan(cmap, args.out, tuple(args.suite_args), args.trial_timeout)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        _judge_each(pending, session, reviewed, root, overlay, plan, args)
+    except KeyboardInterrupt as exc:
+        print(f"stopped ({exc or 'SIGINT'}): the same command resumes", flush=True)
+        return True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return False
+
+
+def _judge_each(
+    pending: list[sites.Mutant],
+    session: Session,
+    reviewed: dict[str, equivalents.Equivalent],
+    root: Path,
+    overlay: Overlay,
+    plan: trial.Plan,
+    args: argparse.Namespace,
+) -> None:
     for i, mutant in enumerate(pending, 1):
         started = time.perf_counter()
         if mutant.id in reviewed:

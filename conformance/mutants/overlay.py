@@ -35,9 +35,26 @@ class Overlay:
         self.root = root
         self.source = source  # the installed Thunder's parent folder
         self._trials = 0
+        self.restored: list[str] = []
         if not (root / "thunder").is_dir():
             root.mkdir(parents=True, exist_ok=True)
             shutil.copytree(source / "thunder", root / "thunder", ignore=shutil.ignore_patterns("__pycache__"))
+        else:  # an analysis killed inside a trial leaves its mutant behind: every later trial would carry it
+            self.restored = self.restore()
+
+    def restore(self) -> list[str]:
+        """Make every source file of the copy the installed one again; the paths it mended."""
+        mended = []
+        for installed in sorted((self.source / "thunder").rglob("*.py")):
+            path = installed.relative_to(self.source).as_posix()
+            target = self.root / path
+            if target.is_file() and target.read_bytes() == installed.read_bytes():
+                continue
+            Path(importlib.util.cache_from_source(str(target))).unlink(missing_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(installed, target)
+            mended.append(path)
+        return mended
 
     def environment(self) -> dict[str, str]:
         """What a process must be given to import the overlay's Thunder first."""

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 from conformance.mutants.overlay import Overlay
 from conformance.mutants.sites import Mutant
@@ -123,7 +124,7 @@ def run(mutant: Mutant, overlay: Overlay, plan: Plan, folder: Path) -> tuple[Ver
         ]
         with (folder / "output.txt").open("w") as out:
             try:
-                subprocess.run(argv, cwd=KIT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=plan.timeout)
+                run_suite(argv, env, out, plan.timeout)
             except subprocess.TimeoutExpired:
                 return Verdict(TIMEOUT, detail=f"the suite ran past {plan.timeout:.0f} s"), diff
     seconds = time.perf_counter() - start
@@ -133,3 +134,20 @@ def run(mutant: Mutant, overlay: Overlay, plan: Plan, folder: Path) -> tuple[Ver
         tail = (folder / "output.txt").read_text(errors="replace").strip().splitlines()[-3:]
         return Verdict(KIT_ERROR, detail="no report: " + " | ".join(tail), seconds=seconds), diff
     return classify(json.loads(report_file.read_text()), seconds), diff
+
+
+def run_suite(argv: list[str], env: dict[str, str], out: IO[str], timeout: float, grace: float = 60.0) -> int:
+    """The suite's exit status. Stopped from outside (the analysis interrupted, or past its
+    time), the suite is sent SIGTERM first, so that it stops its worlds as a user's Ctrl-C
+    would, and killed only if it outlives ``grace``."""
+    with subprocess.Popen(argv, cwd=KIT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT) as suite:
+        try:
+            return suite.wait(timeout=timeout)
+        except BaseException:
+            suite.terminate()
+            try:
+                suite.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                suite.kill()
+            raise
+

@@ -5,6 +5,12 @@ the equivalents file, the overlay, cell selection, verdicts read off reports, sc
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import os
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -107,6 +113,54 @@ def test_the_overlay_never_writes_into_the_installed_thunder(tmp_path: Path) -> 
         assert overlay.environment()["PYTHONPATH"].split(":")[0] == str(tmp_path / "overlay")
     assert (tmp_path / "overlay" / path).read_text() == text  # restored
     assert _digest_tree(installed / "thunder" / "distributed") == before
+
+
+def test_an_overlay_left_mutated_is_restored_when_an_analysis_opens_it(tmp_path: Path) -> None:
+    """An analysis killed inside a trial never ran the trial's restore: the next one to open
+    the overlay mends it first, else every later trial would carry that mutant too."""
+    installed = installed_thunder()
+    path = "thunder/distributed/utils.py"
+    Overlay(tmp_path / "overlay", installed)
+    left = tmp_path / "overlay" / path
+    left.write_text("LEFT = 'by a killed trial'\n")
+    compiled = Path(importlib.util.cache_from_source(str(left)))
+    compiled.parent.mkdir(exist_ok=True)
+    compiled.write_bytes(b"stale")
+    again = Overlay(tmp_path / "overlay", installed)
+    assert again.restored == [path]
+    assert left.read_bytes() == (installed / path).read_bytes() and not compiled.exists()
+    assert Overlay(tmp_path / "overlay", installed).restored == []
+
+
+def test_a_suite_stopped_from_outside_is_sent_sigterm_first(tmp_path: Path) -> None:
+    """Interrupted (Ctrl-C, or the analysis's SIGTERM made one), the trial's suite gets SIGTERM
+    and time to stop its worlds, not an outright kill."""
+    said = tmp_path / "said"
+    child = (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: (open({str(said)!r}, 'w').write('stopping'), sys.exit(0)))\n"
+        f"open({str(said)!r}, 'w').write('ready')\n"
+        "time.sleep(60)\n"
+    )
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    def once_ready() -> None:  # the interrupt comes once the child listens for SIGTERM
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (said.exists() and said.read_text() == "ready"):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with (tmp_path / "out.txt").open("w") as out:
+            threading.Thread(target=once_ready, daemon=True).start()
+            with pytest.raises(KeyboardInterrupt):
+                trial.run_suite([sys.executable, "-c", child], dict(os.environ), out, timeout=60, grace=20)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert said.read_text() == "stopping"
 
 
 def _fake_thunder(tmp_path: Path) -> Path:

@@ -4,11 +4,15 @@ earlier analysis's record), forgetting one outcome, the lines a commit range cha
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
-from conformance.mutants import report, sites
+from conformance.mutants import __main__ as cli
+from conformance.mutants import report, sites, trial
 from conformance.mutants.__main__ import main
 from conformance.mutants.operators import KEPT_RUNNING, NAMES
 from conformance.mutants.overlay import installed_thunder
@@ -140,3 +144,32 @@ def test_kept_running_names_the_operators_that_tend_to_keep_thunder_running(tmp_
     assert main([*args, "--operators", "kept-running"]) == 0
     listed = {line.split()[0].split(":")[2].split("#")[0] for line in capsys.readouterr().out.splitlines()}
     assert listed and listed <= set(KEPT_RUNNING)
+
+
+def test_sigterm_stops_the_analysis_as_ctrl_c_does(tmp_path: Path, monkeypatch) -> None:
+    """SIGTERM inside a trial: the trial unwinds (its file in the overlay restored), nothing is
+    recorded for it, and the analysis says it stopped (exit status 130 from main)."""
+
+    root = tmp_path / "site"
+    (root / "thunder" / "distributed").mkdir(parents=True)
+    (root / "thunder" / "__init__.py").write_text("")
+    (root / "thunder" / "distributed" / "utils.py").write_text(SOURCE)
+    path = "thunder/distributed/utils.py"
+    mutant = next(iter(sites.sites(path, SOURCE)))
+
+    def killed_inside(m, overlay, plan, folder):
+        with overlay.applied(m, m.mutated(SOURCE)):
+            os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the trial")
+
+    monkeypatch.setattr(trial, "run", killed_inside)
+    session = Session(tmp_path / "s.sqlite")
+    session.add([mutant])
+    args = argparse.Namespace(out=tmp_path / "m", suite_args=[], trial_timeout=60.0)
+    cmap = CoverageMap("0", {path: file_lines(root / path)}, {}, (), {})
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.judge([mutant], session, {}, cmap, root, args) is True
+    assert (tmp_path / "m" / "overlay" / path).read_text() == SOURCE
+    assert session.judged() == [] and [m.id for m in session.pending()] == [mutant.id]
+    assert signal.getsignal(signal.SIGTERM) is before
+    session.close()
