@@ -127,7 +127,9 @@ def reset_error(cell: Cell, exc: BaseException | None) -> Findings:
     lacking = fixture_for(cell.model, cell.spec).lacks_reset
     with found.expect("materialization of a module without reset_parameters"):
         assert exc is not None, f"setup succeeded although {lacking} has no reset_parameters"
-        assert f"{lacking}.reset_parameters" in str(exc), f"the TypeError does not name {lacking}: {exc}"
+        # worded as a raise (mutants.verdict reads it so): Thunder failed here, whatever else it said
+        named = f"{lacking}.reset_parameters" in str(exc)
+        assert named, f"Thunder raised {type(exc).__name__} not naming {lacking}.reset_parameters: {exc}"
     found.metrics["setup error"] = None if exc is None else f"{type(exc).__name__}: {exc}"
     return found
 

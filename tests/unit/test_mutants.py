@@ -29,6 +29,7 @@ from conformance.mutants.verdict import (
     TIMEOUT,
     Verdict,
     classify,
+    raises,
 )
 from conformance.reports.coverage_map import CellLines, CoverageMap, file_lines
 
@@ -249,6 +250,21 @@ def test_verdicts_read_off_the_report() -> None:
     refused = {"cells": [], "cells_not_collected": ["b"], "exit_status": 5}
     assert classify(refused, 1).outcome == RAISED
     assert classify({"cells": [], "exit_status": 2}, 1).outcome == RAISED
+
+
+def test_a_negative_cell_that_raises_the_wrong_error_is_a_raise_not_silently_wrong() -> None:
+    """A model lacking reset_parameters must make Thunder raise a TypeError naming it: a
+    mutant that crashes there on its own (a swapped hasattr) made Thunder raise, and only one
+    that lets setup succeed kept Thunder running."""
+    from conformance.checks.materialization import reset_error
+    from conformance.matrix.cells import Cell
+
+    cell = Cell("no_reset", "meta_module_init", "fsdp_jit")
+    crashed = reset_error(cell, TypeError("attribute name must be string, not 'Parameter'")).failures
+    ran_on = reset_error(cell, None).failures
+    assert crashed and raises([f"ranks [0, 1]: {f}" for f in crashed])
+    assert ran_on and not raises([f"ranks [0, 1]: {f}" for f in ran_on])
+    assert reset_error(cell, TypeError("Materialization requires that the `Scale.reset_parameters` ...")).failures == []
 
 
 def test_scores_count_only_what_kept_thunder_running() -> None:
