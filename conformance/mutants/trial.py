@@ -48,11 +48,16 @@ def device(suite_args: tuple[str, ...]) -> str:
 def cells_for(mutant: Mutant, cmap: CoverageMap) -> list[str]:
     """The cells that run the mutated lines, cheapest first, then those whose lines are
     unknown. A line that only runs at import runs before every cell: every cell, cheapest first
-    (a line inside a statement of several counts as its statement: a def's signature runs at import)."""
+    (a line inside a statement of several counts as its statement), but a function's header
+    only matters where the function is called: the cells that ran its body."""
     cells = cmap.cells_running(mutant.path, mutant.lines)
     known = cmap.files.get(mutant.path)
     if not cells and known is not None and {known.statement_of(n) for n in mutant.lines} & set(known.import_time):
-        cells = sorted(cmap.cells, key=lambda c: (cmap.cells[c].seconds, c))
+        body = known.body_called(mutant.lines)
+        if body is not None:
+            cells = cmap.cells_running(mutant.path, body)
+        else:
+            cells = sorted(cmap.cells, key=lambda c: (cmap.cells[c].seconds, c))
     return [*cells, *cmap.unknown] if cells else []
 
 
@@ -150,4 +155,3 @@ def run_suite(argv: list[str], env: dict[str, str], out: IO[str], timeout: float
             except subprocess.TimeoutExpired:
                 suite.kill()
             raise
-

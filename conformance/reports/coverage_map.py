@@ -41,9 +41,21 @@ class FileLines:
     runnable: tuple[int, ...]
     import_time: tuple[int, ...]
     first_line: dict[int, int]  # a line inside a statement of several lines -> its first line
+    # a line of a module-level function's header (``def`` to the body, decorators not
+    # included) -> its body's span: what changes there (a parameter's kind, a default) runs
+    # at import, but only matters once the function is called
+    headers: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     def statement_of(self, line: int) -> int:
         return self.first_line.get(line, line)
+
+    def body_called(self, lines: Iterable[int]) -> list[int] | None:
+        """The runnable lines of the body whose header holds every one of ``lines`` (None if
+        some are outside one header): a cell that ran any of them called the function."""
+        spans = {self.headers.get(line) for line in lines}
+        if not spans or None in spans:
+            return None
+        return [n for n in self.runnable if any(a <= n <= b for a, b in spans if a is not None)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +107,7 @@ class CoverageMap:
                 tuple(f["runnable"]),
                 tuple(f["import_time"]),
                 {int(k): v for k, v in f["first_line"].items()},
+                {int(k): (a, b) for k, (a, b) in f.get("headers", {}).items()},  # maps made before it: none
             )
             for p, f in data["files"].items()
         }
@@ -129,6 +142,18 @@ def _function_body_spans(tree: ast.AST) -> list[tuple[int, int]]:
     ]
 
 
+def _headers(tree: ast.Module) -> dict[int, tuple[int, int]]:
+    """Each line of a def's header, for the functions a module or class defines at import."""
+    out: dict[int, tuple[int, int]] = {}
+    scopes: list[ast.AST] = [tree, *(n for n in tree.body if isinstance(n, ast.ClassDef))]
+    for scope in scopes:
+        for node in getattr(scope, "body", []):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                span = (node.body[0].lineno, node.end_lineno or node.body[-1].lineno)
+                out.update({line: span for line in range(node.lineno, node.body[0].lineno)})
+    return out
+
+
 def source_digest(text: str) -> str:
     """The sha256 of a source file's text: which source a map (or a mutant) was made of."""
     return hashlib.sha256(text.encode()).hexdigest()
@@ -140,7 +165,8 @@ def file_lines(path: Path) -> FileLines:
     text = path.read_text()
     parser = PythonParser(text=text, filename=str(path))
     parser.parse_source()
-    spans = _function_body_spans(ast.parse(text))
+    tree = ast.parse(text)
+    spans = _function_body_spans(tree)
     runnable = sorted(s for s in parser.statements if any(a <= s <= b for a, b in spans))
     import_time = sorted(set(parser.statements) - set(runnable))
     first = {n: parser.first_line(n) for n in range(1, text.count("\n") + 2)}
@@ -149,6 +175,7 @@ def file_lines(path: Path) -> FileLines:
         tuple(runnable),
         tuple(import_time),
         {n: f for n, f in first.items() if f != n},
+        _headers(tree),
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import signal
 import sys
@@ -196,18 +197,29 @@ def test_a_mutant_that_breaks_the_import_is_incompetent_not_a_kill(tmp_path: Pat
     assert trial.cells_for(unrun, CoverageMap("0", {path: lines}, {}, (), {})) == []
 
 
-def test_a_mutant_in_a_signature_run_at_import_runs_on_every_cell(tmp_path: Path) -> None:
-    """A def's signature runs at import (its defaults are evaluated there): a mutant on any of
-    its lines runs on every cell, not "not covered" (what ``--diff`` found on FSDPTransform's)."""
+def test_a_mutant_in_a_statement_run_at_import_runs_where_it_can_matter(tmp_path: Path) -> None:
+    """A statement of several lines run at import counts on any of its lines (what ``--diff``
+    found on FSDPTransform's signature, once "not covered"): on every cell, but a function's
+    header (a parameter's kind, a default) only where the function is called."""
     path = "thunder/distributed/utils.py"
-    source = "def pad(\n    rows,\n    world=2,\n):\n    return rows + world\n"
+    source = (
+        "LIMITS = [\n    1,\n]\n\n\n"
+        "def pad(\n    rows,\n    world=2,\n):\n    return rows + world\n\n\n"
+        "def unused(n=3):\n    return n\n"
+    )
     (tmp_path / "utils.py").write_text(source)
     lines = file_lines(tmp_path / "utils.py")
-    assert 1 in lines.import_time and lines.statement_of(3) == 1
-    cells = {"slow": CellLines({path: (5,)}, 9.0, 2, False), "quick": CellLines({}, 1.0, 2, False)}
+    assert {1, 6} <= set(lines.import_time) and lines.statement_of(8) == 6
+    cells = {"slow": CellLines({path: (10,)}, 9.0, 2, False), "quick": CellLines({}, 1.0, 2, False)}
     cmap = CoverageMap("0", {path: lines}, cells, (), {})
-    default = next(m for m in sites.sites(path, source, ["core/NumberReplacer"]) if m.line == 3)
-    assert trial.cells_for(default, cmap) == ["quick", "slow"]
+    numbers = list(sites.sites(path, source, ["core/NumberReplacer"]))
+    listed = next(m for m in numbers if m.line == 2)
+    default = next(m for m in numbers if m.line == 8)
+    never = next(m for m in numbers if m.line == 13)
+    assert trial.cells_for(listed, cmap) == ["quick", "slow"]  # every cell, cheapest first
+    assert trial.cells_for(default, cmap) == ["slow"]  # the cells that called pad
+    assert trial.cells_for(never, cmap) == []  # no cell calls it: not covered
+    assert CoverageMap.from_json(json.loads(json.dumps(cmap.to_json()))).files[path] == lines
 
 
 def _item(cell: str, area: str, outcome: str, message: str = "", statuses: tuple[str, ...] = ()) -> dict:
