@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from cosmic_ray.mutating import mutate_code
 
+from conformance.checks.materialization import reset_error
+from conformance.matrix.cells import Cell
 from conformance.mutants import equivalents, report, sites, trial
 from conformance.mutants.operators import KIT, NAMES
 from conformance.mutants.overlay import Overlay, installed_thunder
@@ -268,9 +270,6 @@ def test_a_negative_cell_that_raises_the_wrong_error_is_a_raise_not_silently_wro
     """A model lacking reset_parameters must make Thunder raise a TypeError naming it: a
     mutant that crashes there on its own (a swapped hasattr) made Thunder raise, and only one
     that lets setup succeed kept Thunder running."""
-    from conformance.checks.materialization import reset_error
-    from conformance.matrix.cells import Cell
-
     cell = Cell("no_reset", "meta_module_init", "fsdp_jit")
     crashed = reset_error(cell, TypeError("attribute name must be string, not 'Parameter'")).failures
     ran_on = reset_error(cell, None).failures
