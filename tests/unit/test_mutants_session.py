@@ -76,7 +76,6 @@ def test_context_lines_touch_nothing() -> None:
 def test_diff_lists_only_the_mutants_on_the_lines_a_commit_range_changed(tmp_path: Path, capsys) -> None:
     """A two-commit history of Thunder's utils.py whose second commit is the installed file:
     ``--diff A..B`` lists the mutants of the lines B changed, and nothing else."""
-
     path = "thunder/distributed/utils.py"
     installed = (installed_thunder() / path).read_text()
     lines = installed.splitlines(keepends=True)
@@ -129,7 +128,6 @@ def test_a_session_forgets_the_verdicts_of_one_outcome(tmp_path: Path) -> None:
 def test_kept_running_names_the_operators_that_tend_to_keep_thunder_running(tmp_path: Path, capsys) -> None:
     """``--operators kept-running`` expands to the preset; the four left out are those whose
     mutants mostly make Thunder raise or delete a check that always holds."""
-
     assert set(NAMES) - set(KEPT_RUNNING) == {
         "core/AddNot",
         "core/ReplaceTrueWithFalse",
@@ -149,7 +147,6 @@ def test_kept_running_names_the_operators_that_tend_to_keep_thunder_running(tmp_
 def test_sigterm_stops_the_analysis_as_ctrl_c_does(tmp_path: Path, monkeypatch) -> None:
     """SIGTERM inside a trial: the trial unwinds (its file in the overlay restored), nothing is
     recorded for it, and the analysis says it stopped (exit status 130 from main)."""
-
     root = tmp_path / "site"
     (root / "thunder" / "distributed").mkdir(parents=True)
     (root / "thunder" / "__init__.py").write_text("")
