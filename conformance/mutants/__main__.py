@@ -192,38 +192,27 @@ def judge(
     plan = trial.Plan(cmap, args.out, tuple(args.suite_args), args.trial_timeout)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        _judge_each(pending, session, reviewed, root, overlay, plan, args)
+        for i, mutant in enumerate(pending, 1):
+            started = time.perf_counter()
+            if mutant.id in reviewed:
+                original = (root / mutant.path).read_text()
+                verdict = Verdict(EQUIVALENT)
+                diff = trial.diff_of(mutant, original, mutant.mutated(original) or original)
+            else:
+                verdict, diff = trial.run(mutant, overlay, plan, args.out / "trial")
+            session.record(mutant, verdict, diff)
+            where = f" at {verdict.cell} ({', '.join(verdict.areas)})" if verdict.cell else ""
+            print(
+                f"[{i}/{len(pending)}] {verdict.outcome}{where}: {mutant.id} "
+                f"({verdict.cells_run} cells, {time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
     except KeyboardInterrupt as exc:
         print(f"stopped ({exc or 'SIGINT'}): the same command resumes", flush=True)
         return True
     finally:
         signal.signal(signal.SIGTERM, previous)
     return False
-
-
-def _judge_each(
-    pending: list[sites.Mutant],
-    session: Session,
-    reviewed: dict[str, equivalents.Equivalent],
-    root: Path,
-    overlay: Overlay,
-    plan: trial.Plan,
-    args: argparse.Namespace,
-) -> None:
-    for i, mutant in enumerate(pending, 1):
-        started = time.perf_counter()
-        if mutant.id in reviewed:
-            original = (root / mutant.path).read_text()
-            verdict, diff = Verdict(EQUIVALENT), trial.diff_of(mutant, original, mutant.mutated(original) or original)
-        else:
-            verdict, diff = trial.run(mutant, overlay, plan, args.out / "trial")
-        session.record(mutant, verdict, diff)
-        where = f" at {verdict.cell} ({', '.join(verdict.areas)})" if verdict.cell else ""
-        print(
-            f"[{i}/{len(pending)}] {verdict.outcome}{where}: {mutant.id} "
-            f"({verdict.cells_run} cells, {time.perf_counter() - started:.0f} s)",
-            flush=True,
-        )
 
 
 if __name__ == "__main__":
