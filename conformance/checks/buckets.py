@@ -34,14 +34,11 @@ def buckets(module: torch.nn.Module, bucketing: str, trainable_only: bool = Fals
 # default, 25 MB (the kit's CPU models fit one bucket per dtype); ``layer`` the largest
 # trainable gradient's size, so that a model's gradients fill several buckets and the
 # packing's boundaries are exercised.
-DDP_DEFAULT_BUCKET_MB: float = DDP_DEFAULTS["bucket_size_in_mb"]
-
-
 def ddp_bucket_mb(module: torch.nn.Module, bucketing: str) -> float:
     if bucketing == "none":
         return 0.0
     if bucketing == "block":
-        return DDP_DEFAULT_BUCKET_MB
+        return DDP_DEFAULTS["bucket_size_in_mb"]
     largest = max((_nbytes(p) for p in distinct_storages(module, trainable_only=True).values()), default=0)
     return largest / 2**20  # exact: a division by a power of two
 

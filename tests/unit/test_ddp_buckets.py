@@ -10,11 +10,12 @@ import torch
 from torch import nn
 
 from conformance.checks import memory, memory_terms
-from conformance.checks.buckets import DDP_DEFAULT_BUCKET_MB, ddp_bucket_mb, ddp_buckets
+from conformance.checks.buckets import ddp_bucket_mb, ddp_buckets
 from conformance.checks.collectives import expected_counts
 from conformance.checks.declared import UNBUCKETED
 from conformance.checks.traces import FinalTraces
 from conformance.matrix.cells import Cell
+from fixtures.compositions import DDP_DEFAULTS
 from fixtures.inits import INITS
 
 
@@ -47,7 +48,7 @@ def test_without_buckets_every_trainable_gradient_is_its_own() -> None:
 def test_the_default_size_packs_each_dtype_apart() -> None:
     m = Sized()
     m.d.data = m.d.data.to(torch.bfloat16)
-    assert ddp_bucket_mb(m, "block") == DDP_DEFAULT_BUCKET_MB
+    assert ddp_bucket_mb(m, "block") == DDP_DEFAULTS["bucket_size_in_mb"] == 25.0
     assert ddp_buckets(m, "block") == [["a", "b", "c"], ["d"]]
     counts = expected_counts(m, "zero2", "block", replicated=True)
     assert counts["backward"]["all_reduce"] == 2 and counts["forward"]["all_reduce"] == 0
