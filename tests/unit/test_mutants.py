@@ -35,8 +35,7 @@ from conformance.mutants.verdict import (
     raises,
 )
 from conformance.reports.coverage_map import CellLines, CoverageMap, file_lines
-
-SOURCE = "LIMIT = 1\nassert LIMIT == 1\n\n\ndef pad(rows, world):\n    return [rows, world][0] + LIMIT\n"
+from tests.support.fake_thunder import SOURCE, fake_thunder
 
 
 @pytest.mark.parametrize("name", sorted(KIT))
@@ -167,17 +166,8 @@ def test_a_suite_stopped_from_outside_is_sent_sigterm_first(tmp_path: Path) -> N
     assert said.read_text() == "stopping"
 
 
-def _fake_thunder(tmp_path: Path) -> Path:
-    root = tmp_path / "site"
-    (root / "thunder" / "distributed").mkdir(parents=True)
-    (root / "thunder" / "__init__.py").write_text("")
-    (root / "thunder" / "distributed" / "__init__.py").write_text("")
-    (root / "thunder" / "distributed" / "utils.py").write_text(SOURCE)
-    return root
-
-
 def test_a_mutant_that_breaks_the_import_is_incompetent_not_a_kill(tmp_path: Path) -> None:
-    root = _fake_thunder(tmp_path)
+    root = fake_thunder(tmp_path)
     path = "thunder/distributed/utils.py"
     lines = file_lines(root / path)
     cmap = CoverageMap("0", {path: lines}, {"c": CellLines({path: (6,)}, 1.0, 2, False)}, (), {})

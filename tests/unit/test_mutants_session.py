@@ -20,8 +20,7 @@ from conformance.mutants.store import Session
 from conformance.mutants.verdict import KIT_ERROR, SILENT, SURVIVED, Verdict
 from conformance.reports.changed_lines import from_unified_diff
 from conformance.reports.coverage_map import CoverageMap, file_lines
-
-SOURCE = "LIMIT = 1\nassert LIMIT == 1\n\n\ndef pad(rows, world):\n    return [rows, world][0] + LIMIT\n"
+from tests.support.fake_thunder import SOURCE, fake_thunder
 
 
 def test_the_session_resumes_with_what_it_has_not_judged(tmp_path: Path) -> None:
@@ -147,10 +146,7 @@ def test_kept_running_names_the_operators_that_tend_to_keep_thunder_running(tmp_
 def test_sigterm_stops_the_analysis_as_ctrl_c_does(tmp_path: Path, monkeypatch) -> None:
     """SIGTERM inside a trial: the trial unwinds (its file in the overlay restored), nothing is
     recorded for it, and the analysis says it stopped (exit status 130 from main)."""
-    root = tmp_path / "site"
-    (root / "thunder" / "distributed").mkdir(parents=True)
-    (root / "thunder" / "__init__.py").write_text("")
-    (root / "thunder" / "distributed" / "utils.py").write_text(SOURCE)
+    root = fake_thunder(tmp_path)
     path = "thunder/distributed/utils.py"
     mutant = next(iter(sites.sites(path, SOURCE)))
 
