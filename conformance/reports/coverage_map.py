@@ -55,7 +55,7 @@ class FileLines:
         spans = {self.headers.get(line) for line in lines}
         if not spans or None in spans:
             return None
-        return [n for n in self.runnable if any(a <= n <= b for a, b in spans if a is not None)]
+        return [n for n in self.runnable if any(a <= n <= b for a, b in spans)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,9 +145,9 @@ def _function_body_spans(tree: ast.AST) -> list[tuple[int, int]]:
 def _headers(tree: ast.Module) -> dict[int, tuple[int, int]]:
     """Each line of a def's header, for the functions a module or class defines at import."""
     out: dict[int, tuple[int, int]] = {}
-    scopes: list[ast.AST] = [tree, *(n for n in tree.body if isinstance(n, ast.ClassDef))]
+    scopes: list[ast.Module | ast.ClassDef] = [tree, *(n for n in tree.body if isinstance(n, ast.ClassDef))]
     for scope in scopes:
-        for node in getattr(scope, "body", []):
+        for node in scope.body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 span = (node.body[0].lineno, node.end_lineno or node.body[-1].lineno)
                 out.update({line: span for line in range(node.lineno, node.body[0].lineno)})
