@@ -41,9 +41,8 @@ class FileLines:
     runnable: tuple[int, ...]
     import_time: tuple[int, ...]
     first_line: dict[int, int]  # a line inside a statement of several lines -> its first line
-    # a line of a module-level function's header (``def`` to the body, decorators not
-    # included) -> its body's span: what changes there (a parameter's kind, a default) runs
-    # at import, but only matters once the function is called
+    # a line of a top-level function's or method's header (``def`` to the body) -> its body's
+    # span: a change there runs at import but only matters once the function is called
     headers: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     def statement_of(self, line: int) -> int:
