@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
@@ -39,6 +38,6 @@ def test_generated_model_conforms(conformance, spec: dict, init: str, compositio
     conformance.expect_all(cell)
 
 
-def test_replay(conformance, request: pytest.FixtureRequest) -> None:
+def test_replay(conformance) -> None:
     """Collected only with --replay (see conformance/frontend/plugin.py)."""
-    conformance.expect_all(Cell(**json.loads(request.config.getoption("replay"))))
+    conformance.expect_all(conformance.runner.config.replay)

@@ -144,25 +144,8 @@ class Plugin:
         return report
 
 
-def add_options(group: Any) -> None:
-    group.addoption(
-        "--chaos",
-        type=int,
-        default=None,
-        metavar="SEED",
-        help="kill one rank at a seeded phase in a seeded share of the cells (the kit tested on itself): those "
-        "cells must name the rank and phase (then xfailed), every other must end as in a clean run",
-    )
-    group.addoption(
-        "--chaos-share",
-        type=float,
-        default=DEFAULT_SHARE,
-        metavar="FRACTION",
-        help=f"with --chaos: the share of cells faulted (default {DEFAULT_SHARE})",
-    )
-
-
 def install(config: pytest.Config, runner: Any) -> None:
-    """Under --chaos (options.check has checked the share), the plugin that plants and judges."""
-    if runner.session.chaos is not None:
-        config.pluginmanager.register(Plugin(runner, Chaos(*runner.session.chaos)), "conformance-chaos")
+    """Under --chaos (``config.build`` has checked the share), the plugin that plants and judges."""
+    if runner.config.chaos is not None:
+        plan = Chaos(runner.config.chaos, runner.config.chaos_share)
+        config.pluginmanager.register(Plugin(runner, plan), "conformance-chaos")

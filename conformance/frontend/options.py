@@ -1,10 +1,7 @@
-"""The options the kit checks itself, in ``pytest_configure``, before any world starts.
-
-A bad value is a ``pytest.UsageError``: pytest prints it as one ``ERROR:`` line and exits
-with status 4. An ``argparse`` type error exits 4 too, but pytest prints its usage line, the
-error and its ini/rootdir lines with it; so ``--nproc`` and ``--cell-timeout`` are taken as
-strings and converted here, where the message can be one line. (``--backend`` and
-``--profile`` keep argparse's choices: its error lists the valid ones.)
+"""The checks of the kit's option values, each a function of the value as given: the number
+it settles into, or a ``pytest.UsageError`` of one line (pytest prints it as one ``ERROR:``
+line and exits with status 4). ``config.build`` calls them, in ``pytest_configure``, before
+any world starts. Also where this process stands among xdist's workers, and ``-n auto``'s count.
 """
 
 from __future__ import annotations
@@ -15,14 +12,12 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from conformance.matrix.axes import cell_from_axes
 from conformance.matrix.cells import Cell
 from conformance.world import launch
-from conformance.world.nodes import REJOIN_TIMEOUT_S, SILENCE_S
 from conformance.world.protocol import split_endpoint
 
 
@@ -71,38 +66,6 @@ def _tx_workers(spec: str) -> int:
     return int(count) if star and count.isdigit() else 1
 
 
-def check(config: pytest.Config) -> None:
-    """Raise ``pytest.UsageError`` (one line) for the first bad option; settle ``--nproc``
-    (``gpus`` included), the seconds options and ``--min-gpus`` into numbers for everything
-    that reads them, and xdist's mode."""
-    # -n alone keeps every area of a cell on one worker (the cell runs once): xdist's
-    # loadgroup, unless the command line chose a mode itself
-    if getattr(config.option, "dist", "no") == "load" and not explicit_dist(config.invocation_params.args):
-        config.option.dist = "loadgroup"
-    workers = xdist_place(config).workers
-    config.option.nproc = _nproc(config.option.nproc, workers)
-    config.option.cell_timeout = _seconds(config.option.cell_timeout, "--cell-timeout")
-    config.option.node_silence = _seconds(config.option.node_silence, "--node-silence")
-    config.option.rejoin_timeout = _seconds(config.option.rejoin_timeout, "--rejoin-timeout")
-    config.option.max_idle_worlds = _whole_number(config.option.max_idle_worlds, "--max-idle-worlds", 0, "worlds")
-    config.option.min_gpus = _min_gpus(config.option.min_gpus, workers)
-    config.option.nnodes = _nodes(config.option.nnodes, config.option.rdzv_endpoint, workers)
-    if config.option.backend == "nccl":
-        _enough_gpus(config.option.nproc, workers)
-    if config.option.replay is not None:
-        replay(config.option.replay)
-    if config.option.affected_by is not None:
-        from conformance.frontend import affected
-
-        config.option.affected_by = affected.load(config.option.affected_by, config.option.coverage_map)
-    if config.option.cells is not None:
-        config.option.cells = cell_list(config.option.cells)
-    if config.option.thunder_coverage:
-        _traced(config.option.report_dir, config.option.nnodes)
-    if config.option.chaos is not None and not 0 < config.option.chaos_share <= 1:
-        raise pytest.UsageError(f"--chaos-share {config.option.chaos_share}: a share of the cells, in (0, 1]")
-
-
 def cell_list(path: object) -> list[str]:
     """``--cells FILE``: the cell ids it names, in order, each once."""
     try:
@@ -116,7 +79,7 @@ def cell_list(path: object) -> list[str]:
     return ids
 
 
-def _traced(report_dir: object, nnodes: int) -> None:
+def traced(report_dir: object, nnodes: int) -> None:
     """--thunder-coverage writes the map beside the report, from the data of ranks that all run
     on this machine (another machine's ranks would save theirs on that machine)."""
     if report_dir is None:
@@ -150,15 +113,15 @@ def _share(workers: int) -> str:
     return f", {launch.gpus_per_worker(workers)} for each of {workers} xdist workers"
 
 
-def _nproc(value: object, workers: int = 1) -> int:
+def nproc(value: object, workers: int = 1) -> int:
     # an int already where pytest's default gave it; xdist's workers parse the command line
     # again, so they settle 'gpus' themselves, to the same share as the controller
     if value == "gpus":
         return _one_rank_per_gpu(workers)
-    return _whole_number(value, "--nproc", 1, "ranks or 'gpus'")
+    return whole_number(value, "--nproc", 1, "ranks or 'gpus'")
 
 
-def _whole_number(value: object, option: str, least: int, of: str) -> int:
+def whole_number(value: object, option: str, least: int, of: str) -> int:
     """``value`` as a whole number of at least ``least``, or one line saying what is wrong."""
     try:
         n = int(value)  # type: ignore[call-overload]
@@ -181,10 +144,10 @@ def _one_rank_per_gpu(workers: int) -> int:
     return gpus
 
 
-def _nodes(value: object, endpoint: str | None, workers: int) -> int:
+def nodes(value: object, endpoint: str | None, workers: int) -> int:
     """``--nnodes N --rdzv-endpoint HOST:PORT``: N machines per world, their agents joining
     this process at HOST:PORT (which must be this machine's, reachable from theirs)."""
-    n = _whole_number(value, "--nnodes", 1, "machines")
+    n = whole_number(value, "--nnodes", 1, "machines")
     if n == 1:
         if endpoint is not None:
             raise pytest.UsageError(f"--rdzv-endpoint {endpoint}: only a run with --nnodes above 1 has join agents")
@@ -202,23 +165,23 @@ def _nodes(value: object, endpoint: str | None, workers: int) -> int:
     return n
 
 
-def _seconds(value: object, option: str) -> float:
+def seconds(value: object, option: str) -> float:
     try:
-        seconds = float(value)  # type: ignore[arg-type]
+        n = float(value)  # type: ignore[arg-type]
     except ValueError:
         raise pytest.UsageError(f"{option} must be a number of seconds, got {value!r}") from None
     # zero or less would stop every cell before it starts; NaN would never stop one
-    if not (math.isfinite(seconds) and seconds > 0):
+    if not (math.isfinite(n) and n > 0):
         raise pytest.UsageError(f"{option} must be a positive number of seconds, got {value!r}")
-    return seconds
+    return n
 
 
-def _min_gpus(value: object, workers: int = 1) -> int | None:
+def min_gpus(value: object, workers: int = 1) -> int | None:
     """``--min-gpus N`` (tox -e multigpu passes 2): refuse to start with fewer usable GPUs per
     worker, where a world of one rank would pass while sharding nothing."""
     if value is None:
         return None
-    n = _whole_number(value, "--min-gpus", 0, "GPUs")
+    n = whole_number(value, "--min-gpus", 0, "GPUs")
     if launch.visible_cuda_devices() == 0 and n > 0:
         raise pytest.UsageError(f"--min-gpus {n}: {_no_gpu()}")
     if (gpus := launch.gpus_per_worker(workers)) < n:
@@ -230,7 +193,7 @@ def _min_gpus(value: object, workers: int = 1) -> int | None:
     return n
 
 
-def _enough_gpus(nproc: int, workers: int = 1) -> None:
+def enough_gpus(nproc: int, workers: int = 1) -> None:
     """NCCL refuses two ranks on one GPU: a world of --nproc ranks needs as many GPUs. (The
     boundary world sizes are checked per cell: a cell too large is reported unsupported.)"""
     if launch.visible_cuda_devices() == 0:
@@ -252,34 +215,3 @@ def replay(text: str) -> Cell:
         return cell_from_axes(axes)
     except ValueError as exc:
         raise pytest.UsageError(f"--replay: {exc}") from None
-
-
-def add_node_options(group: Any) -> None:
-    """The options of a run across machines (docs/running.md#worlds-across-machines)."""
-    group.addoption(
-        "--nnodes",
-        default=1,
-        metavar="N",
-        help="machines per world (default 1); above 1 --nproc counts ranks per machine, --rdzv-endpoint is needed, "
-        "and each other machine runs `python -m conformance.join HOST:PORT`",
-    )
-    group.addoption(
-        "--rdzv-endpoint",
-        default=None,
-        metavar="HOST:PORT",
-        help="with --nnodes above 1: where this machine listens for the other machines' join agents",
-    )
-    group.addoption(
-        "--node-silence",
-        default=SILENCE_S,
-        metavar="SECONDS",
-        help=f"with --nnodes above 1: a machine whose join agent's heartbeat stands still this long is lost "
-        f"with its ranks (default {SILENCE_S:.0f})",
-    )
-    group.addoption(
-        "--rejoin-timeout",
-        default=REJOIN_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"with --nnodes above 1: how long the next world waits for a join agent to take a lost machine's "
-        f"place (default {REJOIN_TIMEOUT_S:.0f})",
-    )

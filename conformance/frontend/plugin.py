@@ -1,5 +1,6 @@
-"""The pytest plugin: options, hooks that turn cells into parametrized items, and the
-``conformance`` fixture.
+"""The pytest plugin: hooks that turn cells into parametrized items, and the ``conformance``
+fixture. The kit's options are registered and parsed in ``config.py``; the hooks read them
+from ``config.stash[CONFIG]``.
 
 Loaded from the repository's conftest.py. Test modules of the suite take two fixtures:
 ``cell`` (parametrized over the matrix, so each item's id spells the cell's axes) and
@@ -11,163 +12,56 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
 from conformance.checks.registry import applies
-from conformance.frontend import baseline, chaos, hypothesis_profiles, options
+from conformance.frontend import baseline, chaos, hypothesis_profiles
 from conformance.frontend.blame import KitError
+from conformance.frontend.config import CONFIG, add_options, auto_workers, build
 from conformance.frontend.ledger import Ledger
 from conformance.frontend.probing import RunEnd
-from conformance.frontend.runner import DEFAULT_XFAILS, RUNNER, Runner
+from conformance.frontend.runner import RUNNER, Runner
 from conformance.frontend.verdict import Conformance
 from conformance.frontend.xfails import KnownNonConformance
-from conformance.matrix.order import ORDERS
-from conformance.matrix.profiles import PROFILES
 from conformance.reports.outcomes import cell_of, is_unsupported
 from conformance.world import seal
-from conformance.world.launch import visible_cuda_devices
 from conformance.world.nodes import join_command
 
 hypothesis_profiles.register()  # before hypothesis's plugin reads --hypothesis-profile
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("conformance", "Thunder distributed conformance")
-    # --nproc, the seconds options and --min-gpus are converted by options.check, so that a bad one is one line
-    group.addoption(
-        "--nproc", default=2, help="ranks per world (default 2), or 'gpus' for one per usable GPU (per xdist worker)"
-    )
-    group.addoption(
-        "--backend",
-        choices=("auto", "gloo", "nccl"),
-        default="auto",
-        help="process group backend; auto = nccl when --nproc usable GPUs are visible (per xdist worker), else gloo",
-    )
-    group.addoption(
-        "--min-gpus",
-        default=None,
-        metavar="N",
-        help="refuse to start (exit 4) with fewer than N usable GPUs per xdist worker; tox -e multigpu passes 2",
-    )
-    options.add_node_options(group)
-    group.addoption("--cell-timeout", default=300.0, help="seconds a cell may run before its world is killed (> 0)")
-    group.addoption("--isolate", action="store_true", help="start a fresh world for every cell instead of reusing one")
-    group.addoption(
-        "--max-idle-worlds",
-        default=1,
-        metavar="N",
-        help="worlds kept waiting while another runs (default 1; each holds its ranks' memory): beyond N the "
-        "least recently used is closed, and without xdist a world no remaining item needs is closed at once",
-    )
-    group.addoption(
-        "--rank-start",
-        choices=("fork", "fresh"),
-        default="fork",
-        help="fork: ranks of gloo and simulated worlds are forked from one process that imported torch and "
-        "Thunder once (default); fresh: every rank is a new Python process, as nccl worlds always are",
-    )
-    group.addoption("--report-dir", type=Path, default=None, help="write report.json, report.jsonl, summary.md here")
-    group.addoption(
-        "--profile",
-        choices=PROFILES,
-        default="ci",
-        help="which cells: smoke (one per kind of check), ci (pairwise covering array, default), "
-        "nightly (every triple of values: a strength-3 covering array), full (every cell), "
-        "scale (simulated worlds of 7 to 1024 ranks)",
-    )
-    group.addoption(
-        "--order",
-        choices=ORDERS,
-        default=ORDERS[0],
-        help="early-verdict (default): --baseline's failed cells, a prefix meeting every axis value cheapest "
-        "first, then the most new combinations per second; generation: the covering array's, worlds in blocks",
-    )
-    group.addoption(
-        "--baseline",
-        type=Path,
-        default=None,
-        metavar="REPORT",
-        help="an earlier report.json (or its folder): a memory item fails where a phase's peak grew beyond "
-        "run-to-run noise over it; the whole comparison goes to summary.md and compare.json; a capability lost "
-        "over it (an item that passed there is xfailed, unsupported, skipped or gone) makes exit status 1",
-    )
-    group.addoption("--replay", metavar="CELL_JSON", help="run one generated cell again, as test_generated printed it")
-    group.addoption(
-        "--cells",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="run only the profile's cells named in FILE (one id a line, # comments), in that order: "
-        "what python -m conformance.mutants hands the suite, cheapest cell first",
-    )
-    group.addoption(
-        "--affected-by",
-        default=None,
-        metavar="CHANGE",
-        help="run only the cells a change to Thunder can reach: a unified diff of Thunder, or PATH:LINES "
-        "(thunder/distributed/utils.py:40-42), judged by --coverage-map",
-    )
-    group.addoption(
-        "--coverage-map",
-        type=Path,
-        default=None,
-        metavar="REPORT",
-        help="with --affected-by: a --thunder-coverage run's report folder (or its coverage-map.json), made of "
-        "the Thunder before the change",
-    )
-    group.addoption(
-        "--first-failing-cell",
-        action="store_true",
-        help="stop after the first cell with a failing item, once every area of that cell is judged (-x stops "
-        "after its first failing area)",
-    )
-    group.addoption(
-        "--thunder-coverage",
-        action="store_true",
-        help="record which lines of Thunder's distributed stack and materialization each cell runs: "
-        "coverage-map.json and coverage's HTML (thunder-coverage/) in --report-dir, read by "
-        "`python -m conformance.mutants` (costs time; off by default)",
-    )
-    group.addoption(
-        "--xfails",
-        type=Path,
-        default=DEFAULT_XFAILS,
-        help="known non-conformances of the Thunder under test (default: the kit's file for its pin)",
-    )
-    chaos.add_options(group)
+    add_options(parser)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    return options.auto_workers(str(config.option.nproc), config.option.backend, os.cpu_count(), visible_cuda_devices())
+    return auto_workers(config)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cell(id): a conformance cell, run on a torchrun world")
-    options.check(config)  # a bad option ends the run here, in one line, before any world starts
-    config.stash[RUNNER] = Runner(config)
-    config.pluginmanager.register(RunEnd(config.stash[RUNNER]), "conformance-probe-run-end")
-    chaos.install(config, config.stash[RUNNER])
-    if (nodes := config.stash[RUNNER].nodes) is not None:  # said before collection, which waits for them
+    kit = config.stash[CONFIG] = build(config)  # a bad option ends the run here, in one line, before any world starts
+    runner = config.stash[RUNNER] = Runner(kit, config.rootpath)
+    config.pluginmanager.register(RunEnd(runner), "conformance-probe-run-end")
+    chaos.install(config, runner)
+    if (nodes := runner.nodes) is not None:  # said before collection, which waits for them
         told = None if seal.ENV_TOKEN in os.environ else nodes.seal.token
         agents = f"{nodes.nnodes - 1} join agent{'s' if nodes.nnodes > 2 else ''}"
         sys.stderr.write(f"waiting for {agents}; on each: {join_command(nodes.endpoint, told)}\n")
-    if hasattr(config, "workerinput"):  # xdist workers report to the controller
+    if kit.xdist_worker:  # xdist workers report to the controller
         return
-    runner = config.stash[RUNNER]
-    whole_run = baseline.selects_all(config) and config.getoption("replay") is None
+    whole_run = baseline.selects_all(config) and kit.replay is None
     ledger = Ledger(runner.expectations, runner.thunder_version, whole_run)
     config.pluginmanager.register(ledger, "conformance-ledger")
-    report_dir = config.getoption("report_dir")
-    if report_dir is not None:
+    if kit.report_dir is not None:
         from conformance.reports.writer import Reporter
 
         reporter = Reporter(
-            report_dir,
+            kit.report_dir,
             runner.session,
-            baseline=config.getoption("baseline"),
+            baseline=kit.baseline,
             whole_run=baseline.selects_all(config),
             ledger=ledger,
             run_warnings=runner.run_warnings,
@@ -205,18 +99,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # test_replay exists to rerun one printed cell: without --replay there is nothing to run;
     # an area with no cell in the profile (the scale profile's simulated cells judge three
     # areas) has nothing to skip either
+    kit = config.stash[CONFIG]
     _deselect(
         config,
         items,
-        lambda i: (i.name == "test_replay" and config.getoption("replay") is None)
-        or any(str(m.kwargs.get("reason", "")).startswith("got empty parameter set") for m in i.iter_markers("skip")),
+        lambda i: (
+            (i.name == "test_replay" and kit.replay is None)
+            or any(
+                str(m.kwargs.get("reason", "")).startswith("got empty parameter set") for m in i.iter_markers("skip")
+            )
+        ),
     )
     runner = config.stash[RUNNER]
-    if runner.affected is not None:  # --affected-by: only the cells the change can reach
+    if (affected := kit.affected_by) is not None:  # --affected-by: only the cells the change can reach
         cells = {c.id for i in items if (c := cell_of(i)) is not None}
-        reached = {c for c in cells if runner.affected.reaches(c)}
+        reached = {c for c in cells if affected.reaches(c)}
         _deselect(config, items, lambda i: (c := cell_of(i)) is not None and c.id not in reached)
-        note = runner.affected.note(len(reached), len(cells) - len(reached))
+        note = affected.note(len(reached), len(cells) - len(reached))
         reporter = config.pluginmanager.get_plugin("conformance-reporter")
         if reporter is not None:
             reporter.affected_by = note
@@ -247,7 +146,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     item.config.stash[RUNNER].finished(item.nodeid)
     # --first-failing-cell: the cell's run is memoized, so its other areas cost nothing more
     failed = item.stash.get(_FAILED, False) or item.session.stash.get(_CELL_FAILED, False)
-    if item.config.getoption("first_failing_cell") and failed:
+    if item.config.stash[CONFIG].first_failing_cell and failed:
         item.session.stash[_CELL_FAILED] = True
         if nextitem is None or cell_of(nextitem) != cell_of(item):
             item.session.shouldstop = "--first-failing-cell: every area of the first failing cell is judged"

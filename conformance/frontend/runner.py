@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from conformance.checks.findings import CellResult
-from conformance.frontend import baseline, options, xfails
+from conformance.frontend import baseline, xfails
+from conformance.frontend.config import DEFAULT_XFAILS, KitConfig
 from conformance.frontend.lifetimes import Lifetimes, WorldKey
 from conformance.frontend.probing import PROBE, ask
 from conformance.matrix import order
@@ -29,7 +30,6 @@ from conformance.world.zygote import Zygote
 
 RUN_CELL = "conformance.rank.entry:run_cell"  # named, never imported: the ranks import it
 TRACED = "conformance.rank.thunder_coverage:traced"  # a task run under --thunder-coverage's tracer
-DEFAULT_XFAILS = ROOT / "xfails.toml"
 
 
 # what the rank side imports only inside the functions that use them (Thunder, its
@@ -64,67 +64,59 @@ def new_zygote(traced: bool = False) -> Zygote:
 class Runner:
     """The controller's state for one pytest process: its worlds and every cell's outcome."""
 
-    def __init__(self, config: pytest.Config) -> None:
-        nproc: int = config.getoption("nproc")  # ranks per machine: the world has nproc * nnodes
-        nnodes: int = config.getoption("nnodes")
-        endpoint: str | None = config.getoption("rdzv_endpoint")
-        xfails_file: Path = config.getoption("xfails")
+    def __init__(self, config: KitConfig, rootpath: Path) -> None:
+        """``config``: the run's options, checked (``config.build``); ``rootpath``: pytest's,
+        under which the worlds keep their files when there is no --report-dir."""
+        self.config = config
         try:  # an unusable xfails file ends the run before any world starts: exit status 4
-            self.expectations = xfails.load(xfails_file)
+            self.expectations = xfails.load(config.xfails)
         except xfails.XfailsError as exc:
             raise pytest.UsageError(str(exc)) from None
-        profile: str = config.getoption("profile")
         self._cells: list[Cell] | None = None  # picked once the worlds have probed compositions
         self._unsupported: dict[str, str] | None = None
         self.probe_failure: str | None = None  # set where the probe failed twice: the run ends
         self.run_warnings: list[str] = []  # said at the top of the run's reports
         self._startup_owed: dict[int, float] = {}  # a world's start not yet charged to a cell
-        self.place = options.xdist_place(config)  # which block of the visible GPUs is this process's
-        requested: str = config.getoption("backend")
         found = launch.cuda()
-        asked: list[str] | None = config.getoption("cells")  # --cells: these only, in this order
-        report_dir = config.getoption("report_dir")
-        traced = Path(report_dir) / "thunder-coverage-data" if config.getoption("thunder_coverage") else None
-        # the run's options, kept once: the reports read them too
+        traced = config.report_dir / "thunder-coverage-data" if config.thunder_coverage and config.report_dir else None
+        # what the reports are told of the run: plain values (they never import the front end)
         self.session = SessionInfo(
-            backend=launch.resolve_backend(requested, nproc, self.place.workers),
-            nproc=nproc * nnodes,
-            profile=profile,
-            isolate=config.getoption("isolate"),
-            xfails_file=xfails_file,
-            default_xfails=xfails_file == DEFAULT_XFAILS,
-            requested_backend=requested,
+            backend=launch.resolve_backend(config.backend, config.nproc, config.xdist.workers),
+            nproc=config.nproc * config.nnodes,  # --nproc counts ranks per machine
+            profile=config.profile,
+            isolate=config.isolate,
+            xfails_file=config.xfails,
+            default_xfails=config.xfails == DEFAULT_XFAILS,
+            requested_backend=config.backend,
             gpus_visible=found.devices,
             cuda_unusable=found.unusable,
-            xdist_workers=self.place.workers,
-            nnodes=nnodes,
-            rdzv_endpoint=endpoint,
+            xdist_workers=config.xdist.workers,
+            nnodes=config.nnodes,
+            rdzv_endpoint=config.rdzv_endpoint,
             thunder_coverage=traced,
-            cells=None if asked is None else tuple(asked),
-            chaos=None if (seed := config.getoption("chaos")) is None else (seed, config.getoption("chaos_share")),
+            cells=config.cells,
+            chaos=None if config.chaos is None else (config.chaos, config.chaos_share),
         )
         self.nodes: Nodes | None = None  # a run across machines: the other machines' join agents
-        if nnodes > 1 and endpoint is not None:
+        if config.nnodes > 1 and (endpoint := config.rdzv_endpoint) is not None:
             token = os.environ.get(seal.ENV_TOKEN) or seal.new_token()
             try:
-                silence, rejoin = config.getoption("node_silence"), config.getoption("rejoin_timeout")
-                self.nodes = Nodes(endpoint, nnodes, token, silence=silence, rejoin_timeout=rejoin)
+                silence, rejoin = config.node_silence, config.rejoin_timeout
+                self.nodes = Nodes(endpoint, config.nnodes, token, silence=silence, rejoin_timeout=rejoin)
             except RuntimeError as exc:  # c10d: the port is taken, or the host is not this machine's
                 raise pytest.UsageError(f"--rdzv-endpoint {endpoint}: cannot listen there: {exc}") from None
-        self.cell_timeout: float = config.getoption("cell_timeout")
-        self.base_dir = Path(config.getoption("report_dir") or config.rootpath / ".conformance") / "worlds"
-        self.baseline = baseline.load(config.getoption("baseline"))
+        self.base_dir = (config.report_dir or rootpath / ".conformance") / "worlds"
+        self.baseline = baseline.load(config.baseline)
         self.thunder_version = environment.version(environment.THUNDER_DIST)
         self.worlds: dict[WorldKey, World] = {}
         # without xdist this process runs every collected item in order, so it knows when a
         # world is needed for the last time; an xdist worker is sent items as it goes
         self.lifetimes = Lifetimes(
-            max_idle=config.getoption("max_idle_worlds"),
-            foresight=self.place.workers == 1 and not hasattr(config, "workerinput"),
+            max_idle=config.max_idle_worlds,
+            foresight=config.xdist.workers == 1 and not config.xdist_worker,
         )
         self._index: dict[str, int] | None = None  # cell id -> its place in the run
-        self.order_mode: str = config.getoption("order")
-        self.affected = config.getoption("affected_by")  # --affected-by, loaded by options.check
+        asked = config.cells  # --cells: these only, in this order
         self.asked_order: dict[str, int] | None = None if asked is None else {c: i for i, c in enumerate(asked)}
         self._retired: list[World] = []  # told to stop, reaped at the end
         self._pooled = False  # the worlds belong to a pool that outlives this session
@@ -132,7 +124,7 @@ class Runner:
         # Ranks forked from a warm process skip importing torch and Thunder. Not under nccl: a
         # fork must precede any CUDA initialisation, which the kit has not verified of
         # Thunder's imports; nor across machines, whose agents start their own ranks.
-        forks = config.getoption("rank_start") == "fork" and self.nodes is None
+        forks = config.rank_start == "fork" and self.nodes is None
         self.zygote: Zygote | None = new_zygote(traced is not None) if forks else None
         self._owns_zygote = True
         # what a rank is asked to do to probe the compositions, and for a cell; the kit's own
@@ -159,7 +151,7 @@ class Runner:
 
             def run_once() -> Outcome:
                 world = self.world(self.session.nproc)
-                outcome = world.run(self.traced(self.probe_task, coverage_map.PROBE), self.cell_timeout)
+                outcome = world.run(self.traced(self.probe_task, coverage_map.PROBE), self.config.cell_timeout)
                 if self.session.isolate:
                     world.close()
                 elif outcome.ok:
@@ -181,10 +173,11 @@ class Runner:
 
     def _lacks_devices(self, size: int) -> str | None:
         """Why a world of ``size`` ranks cannot exist here, or None."""
-        if self.session.backend != "nccl" or size <= (share := launch.gpus_per_worker(self.place.workers)):
+        workers = self.config.xdist.workers
+        if self.session.backend != "nccl" or size <= (share := launch.gpus_per_worker(workers)):
             return None
         visible = launch.visible_cuda_devices()
-        per_worker = f" ({share} for each of {self.place.workers} xdist workers)" if self.place.workers > 1 else ""
+        per_worker = f" ({share} for each of {workers} xdist workers)" if workers > 1 else ""
         return f"a world of {size} ranks needs {size} GPUs under nccl, {visible} are visible{per_worker}"
 
     def world(self, size: int, simulated: bool = False) -> World:
@@ -195,11 +188,11 @@ class Runner:
             backend = protocol.NO_GROUP if simulated else self.session.backend
             zygote = self.zygote.path if self.zygote is not None and backend != "nccl" else None
             if simulated:  # on this machine's CPU, as device_slice hides the GPUs from every non-nccl world
-                devices = launch.device_slice(backend, size, self.place.slot, self.place.workers)
+                devices = launch.device_slice(backend, size, self.config.xdist.slot, self.config.xdist.workers)
                 spec = LaunchSpec(nproc=size, backend=backend, cuda_devices=devices, zygote=zygote)
             else:
                 per_node = size // (self.nodes.nnodes if self.nodes else 1)
-                devices = launch.device_slice(backend, per_node, self.place.slot, self.place.workers)
+                devices = launch.device_slice(backend, per_node, self.config.xdist.slot, self.config.xdist.workers)
                 spec = LaunchSpec(nproc=per_node, backend=backend, cuda_devices=devices, zygote=zygote)
             nodes = None if simulated else self.nodes  # a simulated world's processes stay on this machine
             self.worlds[size, simulated] = World(spec, base_dir=self.base_dir, nodes=nodes)
@@ -214,7 +207,7 @@ class Runner:
                 self.outcomes[cell.id] = Outcome(results, duration=0.0, startup=0.0)
                 return self.outcomes[cell.id]
             world = self.world(*world_of(cell))
-            outcome = world.run(self.traced(self.cell_task(cell), cell.id), self.cell_timeout)
+            outcome = world.run(self.traced(self.cell_task(cell), cell.id), self.config.cell_timeout)
             # the probe's world start is charged to the first cell the world serves
             if not cell.simulated:
                 outcome.startup += self._startup_owed.pop(cell.world_size, 0.0)
@@ -259,9 +252,9 @@ class Runner:
             asked = self.asked_order
             return (False, 0, asked.get(cell.id, len(asked)) if cell is not None else len(asked))
         if self._index is None:
-            run = order.arranged(self.cells, self.order_mode, self.baseline.seconds, self.baseline.first)
+            run = order.arranged(self.cells, self.config.order, self.baseline.seconds, self.baseline.first)
             self._index = {c.id: i for i, c in enumerate(run.cells)}
-        if self.order_mode == "generation":
+        if self.config.order == "generation":
             if cell is None:
                 return (False, self.session.nproc, len(self._index))
             return (cell.simulated, cell.world_size, self._index.get(cell.id, -1))

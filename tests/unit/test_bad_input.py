@@ -89,7 +89,7 @@ def test_bad_input_is_one_line_and_status_4_before_any_world(tmp_path: Path, cas
 
 def test_thunder_coverage_needs_a_report_to_write_its_map_into() -> None:
     with pytest.raises(pytest.UsageError, match=r"--thunder-coverage writes coverage-map\.json into the report"):
-        options._traced(None, 1)
+        options.traced(None, 1)
 
 
 def test_tox_multigpu_refuses_fewer_than_two_gpus_unless_asked(tmp_path: Path) -> None:
@@ -167,22 +167,22 @@ def test_what_the_kit_prints_replays(replayed: Cell) -> None:
 @pytest.mark.parametrize("value", ["-5", "inf", "-inf", "nan", "-0", "0.0", "soon", ""])
 def test_seconds_must_be_finite_and_positive(value: str, option: str) -> None:
     with pytest.raises(pytest.UsageError, match=rf"{option} must be a (positive )?number"):
-        options._seconds(value, option)
-    assert options._seconds("0.5", option) == 0.5 and options._seconds(300.0, option) == 300.0
+        options.seconds(value, option)
+    assert options.seconds("0.5", option) == 0.5 and options.seconds(300.0, option) == 300.0
 
 
 def test_nproc_is_settled_into_a_number(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(options.launch, "visible_cuda_devices", lambda: 3)
-    assert options._nproc("gpus") == 3 and options._nproc("4") == 4 and options._nproc(2) == 2
+    assert options.nproc("gpus") == 3 and options.nproc("4") == 4 and options.nproc(2) == 2
     for bad in ("0", "-1", "two", "2.5"):
         with pytest.raises(pytest.UsageError, match="--nproc must be"):
-            options._nproc(bad)
-    options._enough_gpus(3)
+            options.nproc(bad)
+    options.enough_gpus(3)
     with pytest.raises(pytest.UsageError, match=r"--nproc 4 needs 4 GPUs .*3 visible"):
-        options._enough_gpus(4)
+        options.enough_gpus(4)
     monkeypatch.setattr(options.launch, "visible_cuda_devices", lambda: 0)
     with pytest.raises(pytest.UsageError, match="--nproc gpus: no GPU is visible"):
-        options._nproc("gpus")
+        options.nproc("gpus")
 
 
 # --- a THUNDER_SPEC or TORCH_SPEC that does not install -------------------------------------

@@ -5,13 +5,13 @@ it did, and what the runner found handed to the reports (``gpus``: tests/unit/co
 from __future__ import annotations
 
 import json
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conformance.frontend.runner import DEFAULT_XFAILS, Runner
+from conformance.frontend.config import DEFAULT_XFAILS, KitConfig
+from conformance.frontend.runner import Runner
 from conformance.matrix.cells import Cell
 from conformance.reports import environment
 from conformance.reports.session import SessionInfo
@@ -105,29 +105,9 @@ def test_no_warning_where_the_run_did_what_the_machine_offers(tmp_path: Path, in
 
 
 def test_the_runner_tells_the_reports_what_it_found(gpus, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Runner.__init__ from pytest's options: a driver error makes auto gloo, and the session
+    """Runner.__init__ from the run's options: a driver error makes auto gloo, and the session
     carries what was asked and found (no world is started: cells are picked later)."""
     gpus(2, mask="0,1", error=TOO_OLD)
-    given = {
-        "nproc": 2,
-        "nnodes": 1,
-        "rdzv_endpoint": None,
-        "xfails": DEFAULT_XFAILS,
-        "profile": "ci",
-        "backend": "auto",
-        "isolate": False,
-        "cell_timeout": 10.0,
-        "max_idle_worlds": 1,
-        "rank_start": "fork",
-        "report_dir": tmp_path,
-        "baseline": None,
-        "thunder_coverage": False,
-        "cells": None,
-        "affected_by": None,
-        "order": "early-verdict",
-        "chaos": None,
-    }
-    config = types.SimpleNamespace(option=types.SimpleNamespace(), getoption=given.__getitem__, rootpath=tmp_path)
-    info = Runner(config).session  # type: ignore[arg-type]
+    info = Runner(KitConfig(cell_timeout=10.0, report_dir=tmp_path), tmp_path).session
     assert (info.backend, info.requested_backend, info.gpus_visible, info.cuda_unusable) == ("gloo", "auto", 2, WHY)
     assert environment.warnings(info) == [WARNED["build-cannot-use"][1]]

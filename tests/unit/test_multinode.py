@@ -11,7 +11,7 @@ import pytest
 
 from conformance.checks.findings import CellResult
 from conformance.frontend import options
-from conformance.frontend.options import XdistPlace
+from conformance.frontend.config import KitConfig
 from conformance.frontend.runner import Runner
 from conformance.matrix.cells import Cell
 from conformance.reports.session import SessionInfo
@@ -102,7 +102,7 @@ def test_launch_across_machines_meets_in_the_controllers_store(tmp_path: Path) -
 )
 def test_bad_node_options_are_one_line(nnodes: str, endpoint: str | None, workers: int, says: str) -> None:
     with pytest.raises(pytest.UsageError, match=says):
-        options._nodes(nnodes, endpoint, workers)
+        options.nodes(nnodes, endpoint, workers)
 
 
 def test_repro_names_the_layout() -> None:
@@ -114,7 +114,7 @@ def test_repro_names_the_layout() -> None:
 
 def test_a_cell_off_the_layout_is_unsupported_without_a_world() -> None:
     runner = Runner.__new__(Runner)  # the state run() reads, without pytest's options
-    runner.place = XdistPlace()
+    runner.config = KitConfig()
     runner.session = SessionInfo("gloo", 4, "ci", False, Path("xfails.toml"), True, nnodes=2)
     runner.outcomes, runner.worlds = {}, {}
     outcome = runner.run(Cell("mlp", "real", "fsdp_jit", world_size=3))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conformance.checks.findings import CellResult
+from conformance.frontend.config import KitConfig
 from conformance.frontend.lifetimes import Lifetimes
 from conformance.frontend.options import XdistPlace
 from conformance.frontend.probing import PROBE
@@ -44,10 +45,9 @@ class StandInWorld:
 def make_runner(
     world: StandInWorld, backend: str = "gloo", profile: str = "ci", place: XdistPlace | None = None
 ) -> Runner:
-    runner = Runner.__new__(Runner)  # the state __init__ reads from pytest's options
-    runner.place = place or XdistPlace()
+    runner = Runner.__new__(Runner)  # the state __init__ makes of the run's options
+    runner.config = KitConfig(cell_timeout=10.0, xdist=place or XdistPlace())
     runner.session = SessionInfo(backend, world.size, profile, False, Path("xfails.toml"), True)
-    runner.cell_timeout = 10.0
     runner._cells, runner._unsupported, runner._startup_owed = None, None, {}
     runner.probe_failure, runner.run_warnings = None, []
     runner.worlds, runner.outcomes = {(world.size, False): world}, {}
