@@ -5,6 +5,8 @@ import torch
 from conformance.checks.storages import allocated_bytes
 
 
+# calibrated on a measurement: held after the forward minus the data flow, -8 to 0 B over ci's 75 cells on the pin
+# and 0.2.6 (2026-11-26): docs/measurements.md#setup-under-meta-init-zero3-in-memory-2026-11-26
 def held_slack(device: torch.device | str) -> int:
     """What a rank may hold after the forward beyond its trace's data flow. On the CPU
     nothing: the tracker sees every storage the forward allocates, and the data flow follows

@@ -183,6 +183,9 @@ def _counted(tensors: Iterable[torch.Tensor]) -> Iterator[int]:
 
 # gloo runs a process group's collectives on a pool of worker threads, two per device (torch's
 # ProcessGroupGloo constructor; tests/unit/test_cuda_memory.py reads it off a real one)
+# calibrated on a measurement: with one unit in all, ci under --thunder-coverage read a forward peak 84 B over
+# (no_reset bfloat16: two parameters held, 2026-11-28):
+# docs/measurements.md#a-worlds-start-the-agent-at-report-time-gloos-two-threads-2026-11-28-session-30
 GLOO_THREADS = 2
 
 

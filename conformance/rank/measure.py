@@ -203,6 +203,8 @@ def gloo_workers_busy() -> bool:
     return False
 
 
+# calibrated on a measurement: with the 2 ms criterion alone a loaded CI host once read a 1024 B all-reduce buffer
+# held after a bfloat16 DDP backward (2026-11-23): docs/measurements.md#memory-headroom-and-estimates
 def _settle(tracker: _StorageTracker, step_s: float = 0.002, limit_s: float = 2.0) -> None:
     """Wait until the tracker's live bytes stop changing and gloo's workers are asleep: they
     let go of a finished collective's buffers a moment after ``wait()`` has returned (see

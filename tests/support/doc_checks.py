@@ -10,6 +10,7 @@ prefix by file, the rest by an ``ast`` scan of that module.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import importlib.util
 import re
 from pathlib import Path
@@ -201,3 +202,200 @@ _CITED_BUG = re.compile(r"^\| `([a-z0-9_]+)` \||\| `([a-z0-9_]+)`: [^|]*\| \[")
 
 def cited_bugs(doc: Path) -> set[str]:
     return {a or b for line in doc.read_text().splitlines() if (m := _CITED_BUG.search(line)) for a, b in [m.groups()]}
+
+
+def section(text: str, heading: str, nested: bool = True) -> list[tuple[int, str]]:
+    """(line number, line) of the prose under the first heading of ``text`` whose title is
+    ``heading`` (any level), up to the next heading of the same level or above (any heading,
+    unless ``nested``); [] where there is none."""
+    lines = prose_lines(text)
+    for i, (_, line) in enumerate(lines):
+        m = re.match(r"^(#{1,6})\s+(.*?)\s*$", line)
+        if m and m.group(2) == heading:
+            level = len(m.group(1)) if nested else 6
+            out = []
+            for n, rest in lines[i + 1 :]:
+                h = re.match(r"^(#{1,6})\s", rest)
+                if h and len(h.group(1)) <= level:
+                    break
+                out.append((n, rest))
+            return out
+    return []
+
+
+# docs/architecture.md's layout: a line for every module of these folders
+LAYOUT_FOLDERS = ("conformance", "fixtures", "transforms", "tools")
+LAYOUT_RULES = ROOT / "tests" / "unit" / "test_layout.py"
+_BULLET = re.compile(r"^\s*[-*+]\s")
+_MODULE_LINE = re.compile(r"^- `([^`]+)`: \S")
+_MAY_IMPORT = "**May import**:"
+
+
+def layout_modules(root: Path = ROOT) -> list[str]:
+    """Every ``.py`` file of LAYOUT_FOLDERS, as a path from the repository's root."""
+    return sorted(
+        p.relative_to(root).as_posix()
+        for folder in LAYOUT_FOLDERS
+        for p in (root / folder).rglob("*.py")
+        if "__pycache__" not in p.parts
+    )
+
+
+def layout_rules(rules: Path = LAYOUT_RULES) -> tuple[dict[str, str], dict[str, set[str]], tuple[str, ...]]:
+    """``ROLES``, ``ALLOWED`` and ``PACKAGES`` of the layout test, read with ``ast`` (the test
+    module imports the kit; this does not)."""
+    found = {}
+    for node in ast.parse(rules.read_text()).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(target, ast.Name) and target.id in ("ROLES", "ALLOWED", "PACKAGES"):
+            found[target.id] = ast.literal_eval(node.value)
+    return found["ROLES"], found["ALLOWED"], found["PACKAGES"]
+
+
+def _role(path: str, roles: dict[str, str]) -> str | None:
+    """The layout test's role of a module, folder or pattern written as a repository path
+    (the first rule of ``roles`` whose prefix names it, as the test decides)."""
+    parts = path.rstrip("/").removesuffix(".py").split("/")
+    module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts).rstrip("*")
+    for name, prefix in roles.items():
+        if module == prefix or module.startswith(prefix if prefix.endswith("_") else prefix + "."):
+            return name
+    return None
+
+
+def _under(path: str, heading: str) -> bool:
+    return path.startswith(heading) if heading.endswith("/") else fnmatch.fnmatchcase(path, heading)
+
+
+def layout_drift(doc: Path, root: Path = ROOT, rules: Path = LAYOUT_RULES) -> list[str]:
+    """What docs/architecture.md's "Layout" does not say of the modules under ``root``:
+    each module of LAYOUT_FOLDERS without a line (a package's ``__init__.py`` may go
+    without), and each line for a module that is gone, listed twice, outside the folder its
+    section names, or not a path from the repository's root; each section whose **May
+    import** line is not what tests/unit/test_layout.py lets its modules import. A line is
+    ``- `path/from/the/root.py`: its purpose``; a section is ``### `folder/` `` (or files, or
+    a pattern), then its **May import** line, then its lines. Nothing is skipped: a bare file
+    name, a pattern or a folder on a line is a finding."""
+    name = doc.relative_to(root).as_posix()
+    lines = section(doc.read_text(), "Layout")
+    if not lines:
+        return [f"{name}: no Layout section"]
+    roles, allowed, packages = layout_rules(rules)
+    out: list[str] = []
+    listed: dict[str, int] = {}
+    heads: list[str] = []
+    may: set[str | None] | None = None
+    section_roles: dict[str, int] = {}  # role -> first line of it in the current section
+    head_line = 0
+
+    def close() -> None:
+        for role, n in section_roles.items():
+            want = allowed[role] - {role}
+            if may is None:
+                out.append(f"{name}:{head_line}: its section has no {_MAY_IMPORT} line (line {n} is {role})")
+            elif may != want:
+                says = sorted(str(r) for r in may)
+                out.append(
+                    f"{name}:{head_line}: {_MAY_IMPORT} says {says}; tests/unit/test_layout.py lets {role} "
+                    f"(line {n}) import {sorted(want)}"
+                )
+
+    for i, (n, line) in enumerate(lines):
+        if line.startswith("### "):
+            close()
+            heads = [s.strip() for _, s in _CODE.findall(line)]
+            may, section_roles, head_line = None, {}, n
+            continue
+        if line.startswith(_MAY_IMPORT):
+            text = line
+            for _, more in lines[i + 1 :]:
+                if not more.strip() or _BULLET.match(more) or more.startswith("#"):
+                    break
+                text += " " + more
+            may = {_role(s.strip(), roles) for _, s in _CODE.findall(text)}
+            if None in may:
+                out.append(f"{name}:{n}: {_MAY_IMPORT} names a path that is no role of tests/unit/test_layout.py")
+            continue
+        if not _BULLET.match(line):
+            continue
+        m = _MODULE_LINE.match(line)
+        where = f"{name}:{n}"
+        if not m:
+            out.append(f"{where}: not a module line (- `path/from/the/root.py`: its purpose): {line.strip()[:60]}")
+            continue
+        path = m.group(1)
+        where = f"{where}: {path}"
+        if not (path.endswith(".py") and "/" in path and path.split("/")[0] in LAYOUT_FOLDERS):
+            out.append(f"{where}: not a module of {', '.join(f + '/' for f in LAYOUT_FOLDERS)} from the root")
+            continue
+        if path in listed:
+            out.append(f"{where}: listed again (first on line {listed[path]})")
+            continue
+        listed[path] = n
+        if not (root / path).is_file():
+            out.append(f"{where}: no such module")
+            continue
+        if not any(_under(path, h) for h in heads):
+            out.append(f"{where}: not under its section's {heads or 'heading'}")
+        role = _role(path, roles) if path.split("/")[0] in packages else None
+        if role is not None:
+            section_roles.setdefault(role, n)
+    close()
+    for path in layout_modules(root):
+        if path not in listed and not path.endswith("/__init__.py"):
+            out.append(f"{path}: no line in {name}'s Layout")
+    return out
+
+
+# each guarantee of a check area says what it is held to (the legend: README.md)
+MARKS = ("*independent*", "*self-consistency*")
+GUARANTEES = ("What it guarantees", "The bounds", "What a cell checks")
+
+
+def unmarked_guarantees(doc: Path, root: Path = ROOT, both: bool = False) -> list[str]:
+    """Each guarantee of ``doc`` that carries neither mark of MARKS (or, unless ``both``,
+    both): under its first heading titled as in GUARANTEES, up to the next heading, every row
+    of a table (not its header) and every list item that has no sub-items and no item above
+    it carrying a mark."""
+    name = doc.relative_to(root).as_posix()
+    text = doc.read_text()
+    lines = next((s for h in GUARANTEES if (s := section(text, h, nested=False))), [])
+    if not lines:
+        return [f"{name}: no section titled {' or '.join(GUARANTEES)}"]
+    separator = re.compile(r"^\|[\s:|-]+\|\s*$")
+    # (line number, line, indent): a table row has none; None ends a list
+    entries: list[tuple[int, str, int | None] | None] = []
+    for i, (n, line) in enumerate(lines):
+        if line.startswith("|"):
+            header = i + 1 < len(lines) and separator.match(lines[i + 1][1])
+            if not header and not separator.match(line):
+                entries.append((n, line, None))
+        elif _BULLET.match(line):
+            entries.append((n, line, len(line) - len(line.lstrip())))
+        elif line.strip() and not line.startswith(" "):
+            entries.append(None)  # a paragraph ends a list
+    out = []
+    above: list[tuple[int, bool]] = []  # (indent, marked) of the items enclosing this one
+    for k, entry in enumerate(entries):
+        if entry is None:
+            above = []
+            continue
+        n, line, indent = entry
+        found = [mark for mark in MARKS if mark in line]
+        where = f"{name}:{n}: a {'row' if indent is None else 'list item'}"
+        if len(found) == 2 and not both:
+            out.append(f"{where} with both marks: {line.strip()[:60]}")
+        if indent is None:
+            if not found:
+                out.append(f"{where} without a mark ({' or '.join(MARKS)}): {line.strip()[:60]}")
+            continue
+        while above and above[-1][0] >= indent:
+            above.pop()
+        nxt = entries[k + 1] if k + 1 < len(entries) else None
+        leaf = nxt is None or nxt[2] is None or nxt[2] <= indent
+        if leaf and not found and not any(m for _, m in above):
+            out.append(f"{where} without a mark ({' or '.join(MARKS)}): {line.strip()[:60]}")
+        above.append((indent, bool(found)))
+    if not any(e is not None for e in entries):
+        out.append(f"{name}: no guarantee under its heading")
+    return out
