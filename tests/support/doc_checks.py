@@ -16,7 +16,11 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-README_LIMIT = 15_000
+# the two commands README.md starts with: everything a fresh machine needs, then the suite or the kit's tests
+README_COMMANDS = [
+    'python3 -m pip install "tox>=4.11" && python3 -m tox -e conformance',
+    'python3 -m pip install "tox>=4.11" && python3 -m tox -e tests',
+]
 # where a backticked repository path may start (a bare file name is checked when it is one
 # of the top-level files below)
 TOP_DIRS = ("conformance", "fixtures", "transforms", "tests", "tools", "docs", ".github", "examples")
