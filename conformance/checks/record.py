@@ -76,35 +76,48 @@ class Replicas:
 
 
 @dataclasses.dataclass
+class ReferenceStep:
+    """A reference's side of one training step (conformance/rank/references.py: how each is
+    built and what the checks compare it with): this rank's output and the full gradients of
+    the ranks' averaged loss."""
+
+    output: torch.Tensor  # this rank's output
+    grads: Tensors  # by parameter name (one per tied group); frozen parameters have none
+
+
+@dataclasses.dataclass
+class TrainedStep(ReferenceStep):
+    """The side of a reference that trains in lockstep with the Thunder module (eager PyTorch,
+    the float32 twin): also its buffers after the step."""
+
+    # what its forwards made of this rank's micro-batches alone (a buffer the forward updates,
+    # such as running statistics, is per rank)
+    buffers: Tensors = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
 class StepRecord:
-    """One training step: this rank's output, the full gradients, the parameters after it."""
+    """One training step: this rank's output, the full gradients, the parameters after it, and
+    each reference's side of the same step (conformance/rank/references.py)."""
 
     optimizer: str  # which optimizer took the step
     output: torch.Tensor  # this rank's output from the Thunder module
-    eager_output: torch.Tensor  # eager output on the same input
     grads: Tensors  # full (unsharded) gradients gathered from every rank's shard
-    eager_grads: Tensors
+    eager: TrainedStep  # eager PyTorch on the same global batch
     after: ParametersAfter
-    twin_output: torch.Tensor | None = None  # float32 twin of the eager model (low-precision cells)
-    twin_grads: Tensors | None = None
-    # the float32 twin's output and gradients at the weights the Thunder module held as the
-    # step began (low-precision cells): less the twin's own, what the parameters' allowed drift
-    # makes of this step's
-    twin_at_thunder_output: torch.Tensor | None = None
-    twin_at_thunder_grads: Tensors | None = None
+    twin: TrainedStep | None = None  # float32 twin of the eager model (low-precision cells)
+    # the float32 twin at the weights the Thunder module held as the step began (low-precision
+    # cells): less the twin's own, what the parameters' allowed drift makes of this step's
+    twin_at_thunder: ReferenceStep | None = None
     # eager's gradients of each rank's own loss at those weights, in the cell's dtype (what
     # the reduction is handed)
     local_at_thunder: RankGradients | None = None
-    # float32 cells: eager's gradients in float64 at those weights (what the twin's are below
-    # float32): against them, what float32's roundings did to eager's own
-    float64_at_thunder_grads: Tensors | None = None
-    # buffers after the step: this rank's Thunder module's, and what eager made of this rank's
-    # micro-batches alone (a buffer the forward updates, such as running statistics, is per rank)
-    buffers: Tensors = dataclasses.field(default_factory=dict)
-    eager_buffers: Tensors = dataclasses.field(default_factory=dict)
+    # float32 cells: eager in float64 at those weights (what the twin at them is below
+    # float32): against it, what float32's roundings did to eager's own gradients
+    float64_at_thunder: ReferenceStep | None = None
+    buffers: Tensors = dataclasses.field(default_factory=dict)  # this rank's Thunder module's, after the step
     # every rank's dropout mask (kept: True), where the model's last op is a dropout
     dropout_masks: list[torch.Tensor] | None = None
-    twin_buffers: Tensors | None = None
     replicas: Replicas | None = None  # DDP only: where the ranks' replicas came apart
     # the backward trace Thunder ran for this step (``thunder.last_backward_traces``): the
     # collectives area judges what every step's backward reduced, not only the last's

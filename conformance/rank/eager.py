@@ -5,6 +5,7 @@ gradients of the ranks' averaged loss, returned rather than accumulated."""
 from __future__ import annotations
 
 import copy
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -15,6 +16,14 @@ from conformance.rank.gather import cpu_copies
 from conformance.rank.measure import measure
 
 Tensors = dict[str, torch.Tensor]
+
+
+class EagerPass(NamedTuple):
+    """What ``eager_gradients`` computed: a tuple still, for the scenarios that unpack it
+    (conformance/rank/scenarios/); the training step's references read it by name."""
+
+    outputs: list[torch.Tensor]  # every rank's output, CPU copies, in rank order
+    grads: Tensors  # gradients of the ranks' averaged loss, by parameter name (one per tie)
 
 
 def float32_input(x: torch.Tensor) -> torch.Tensor:
@@ -94,7 +103,7 @@ def eager_gradients(
     cotangents: list[torch.Tensor],
     buffers: PerRank | None = None,
     float32: bool = False,
-) -> tuple[list[torch.Tensor], Tensors]:
+) -> EagerPass:
     """``module``'s outputs on every rank's input (CPU copies) and its gradients of the ranks'
     averaged loss, by parameter name (one per tie), frozen parameters left out as eager leaves
     them None. ``buffers``: each rank's forward runs with that rank's buffers (what it makes
@@ -106,7 +115,7 @@ def eager_gradients(
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     grads = torch.autograd.grad(mean_loss(outs, cotangents), [p for _, p in named], allow_unused=True)
     pairs = ((n, g) for (n, _), g in zip(named, grads, strict=True) if g is not None)
-    return [o.detach().cpu() for o in outs], cpu_copies(pairs)
+    return EagerPass([o.detach().cpu() for o in outs], cpu_copies(pairs))
 
 
 def rank_gradients(
@@ -137,10 +146,10 @@ def rank_gradients(
 
 def float64_gradients(
     module: nn.Module, inputs: list[torch.Tensor], cotangents: list[torch.Tensor], buffers: PerRank
-) -> Tensors:
-    """``module``'s gradients of the ranks' averaged loss computed in float64 (a copy), each
-    rank's micro-batch with that rank's ``buffers`` (cast): for a float32 module, the
-    reference its own float32 roundings are measured against."""
+) -> EagerPass:
+    """``module``'s outputs and gradients of the ranks' averaged loss computed in float64 (a
+    copy), each rank's micro-batch with that rank's ``buffers`` (cast): for a float32 module,
+    the reference its own float32 roundings are measured against."""
     exact = copy.deepcopy(module).double()
     inputs = [x.double() if x.is_floating_point() else x for x in inputs]
-    return eager_gradients(exact, inputs, [c.double() for c in cotangents], buffers.cast_for(exact, torch.float64))[1]
+    return eager_gradients(exact, inputs, [c.double() for c in cotangents], buffers.cast_for(exact, torch.float64))

@@ -1,6 +1,7 @@
 """Training a cell beside eager PyTorch: the Thunder module on this rank's micro-batch, the
 eager model on every rank's (the ranks' losses averaged, as FSDP averages gradients)
-and, below float32, a float32 twin of the eager model in lockstep.
+and, below float32, a float32 twin of the eager model in lockstep; beside them, each step
+runs the references at the Thunder module's weights (conformance/rank/references.py).
 
 The second step is the measured one (the first compiles): its forward, backward and
 optimizer step are measured, what its forward leaves alive and what the autograd node
@@ -23,25 +24,13 @@ from conformance.checks.record import MEASURED_STEP, LossRegion, ParametersAfter
 from conformance.checks.storages import distinct_storages
 from conformance.checks.traces import final_traces
 from conformance.rank import progress
-from conformance.rank.buffers import PerRank
 from conformance.rank.build import SEED, EagerModel, Recipe
 from conformance.rank.clock import thunder_call
 from conformance.rank.dropout import drawn_masks, replayed
-from conformance.rank.eager import (
-    Tensors,
-    eager_gradients,
-    eager_peaks,
-    float32_input,
-    float64_gradients,
-    holding,
-    loss,
-    loss_region,
-    mean_loss,
-    rank_gradients,
-    unweighable,
-)
+from conformance.rank.eager import loss, loss_region, unweighable
 from conformance.rank.gather import apart_from_rank0, cpu_copies, snapshot
 from conformance.rank.measure import Ledger, measure
+from conformance.rank.references import Eager, Float64AtThunder, LocalAtThunder, Twin, TwinAtThunder
 from fixtures import patterns
 from fixtures.optimizers import OPTIMIZERS
 
@@ -88,7 +77,7 @@ class _Lockstep:
     recipe: Recipe
     eager_model: EagerModel
     thunder: Any
-    twin: nn.Module | None  # float32 twin of the eager model below float32
+    twin_module: nn.Module | None  # float32 twin of the eager model below float32
     rank: int
     world: int
     training: Training = dataclasses.field(default_factory=Training)
@@ -99,40 +88,21 @@ class _Lockstep:
         held_world = 1 if self.eager_model.replicated else self.world
         self.shard_twins = _shard_twins(self.eager_model.module, held_world, self.recipe.device)
         # the eager models run every rank's micro-batch, each with that rank's buffers
-        self.eager_buffers = PerRank(self.eager_model.module, self.world)
-        self.twin_buffers = PerRank(self.twin, self.world) if self.twin is not None else None
+        self.eager = Eager.of(self.eager_model.module, self.world)
+        self.twin = Twin.of(self.twin_module, self.world) if self.twin_module is not None else None
         self.weights = self.eager_model.gather(self.thunder)  # the Thunder module's, as the next step starts
-        self.replays = replayed(self.eager_model.module, self.twin)
-
-    def twin_at_thunder_weights(
-        self, inputs: list[torch.Tensor], cotangents: list[torch.Tensor]
-    ) -> tuple[list[torch.Tensor], Tensors]:
-        """The float32 twin's outputs and gradients at the weights the Thunder module holds as
-        this step starts (upcast), each rank's micro-batch with that rank's buffers. Against
-        the twin's own (at its own weights) they are what the parameters' drift so far, which
-        the parameters' comparison allows, makes of this step's output and gradients: the
-        kit computes it rather than guessing it."""
-        assert self.twin is not None and self.twin_buffers is not None
-        twin = holding(self.twin, self.weights)
-        return eager_gradients(twin, inputs, cotangents, self.twin_buffers.clones_for(twin), float32=True)
-
-    def eager_at_thunder_weights(self) -> tuple[nn.Module, PerRank]:
-        """A copy of the eager model holding the weights the Thunder module holds as this step
-        starts (exactly: the same dtype), with copies of every rank's buffers as they stand
-        now (take it before the eager model's forward of this step updates them)."""
-        at_thunder = holding(self.eager_model.module, self.weights)
-        return at_thunder, self.eager_buffers.clones_for(at_thunder)
+        self.replays = replayed(self.eager_model.module, self.twin_module)
 
     def optimizers(self, make: Callable[[Any], torch.optim.Optimizer]) -> list[torch.optim.Optimizer | None]:
         """One per model, the Thunder module's first, the shard twins' last."""
-        thunder, eager_model = make(self.thunder.parameters()), make(self.eager_model.module.parameters())
-        twin = make(self.twin.parameters()) if self.twin is not None else None
+        thunder, eager_model = make(self.thunder.parameters()), make(self.eager.module.parameters())
+        twin = make(self.twin.module.parameters()) if self.twin is not None else None
         return [thunder, eager_model, twin, make(self.shard_twins)]
 
     def step(self, step: int, optimizer: str, optimizers: list[torch.optim.Optimizer | None]) -> None:
         """One step of every model, recorded; the measured step also records its memory."""
         device, dtype, tm, rank = self.recipe.device, self.recipe.dtype, self.thunder, self.rank
-        eager_model, twin, training, ledger = self.eager_model.module, self.twin, self.training, self.ledger
+        eager, twin, training, ledger = self.eager, self.twin, self.training, self.ledger
         measured = step == MEASURED_STEP
         inputs = [self.recipe.fixture.make_input(generator(step, r), dtype).to(device) for r in range(self.world)]
         held_before = ledger.read()
@@ -145,18 +115,15 @@ class _Lockstep:
                 replay.masks = masks
         if measured:
             training.saved = _saved_tensors(out)
-        # eager in the cell's dtype at the Thunder module's weights, each rank's own gradient
-        # (numerics.scale.judge_gradient_scale): in float32 too, whose fixed elementwise
-        # tolerance hides a scale of all gradients
-        at_thunder = self.eager_at_thunder_weights()
-        # float32: each rank's buffers as they stand now, for eager's float64 gradients at the
-        # same weights (the twin's are that reference below float32)
-        float64_buffers = self.eager_buffers.clones_for(at_thunder[0]) if dtype == torch.float32 else None
-        ref_outs = self.eager_buffers.forward(inputs)
+        # the references at the Thunder module's weights copy every rank's buffers as they stand
+        # now, before eager's forward of this step updates them
+        local = LocalAtThunder.taken(eager, self.weights)
+        float64 = Float64AtThunder.taken(eager, local) if dtype == torch.float32 else None
+        eager_outs = eager.forward(inputs)
         cotangents = [
-            torch.randn(o.shape, generator=generator(step, r, 7)).to(device, dtype) for r, o in enumerate(ref_outs)
+            torch.randn(o.shape, generator=generator(step, r, 7)).to(device, dtype) for r, o in enumerate(eager_outs)
         ]
-        if (wrong := unweighable(out, ref_outs[rank])) is not None:
+        if (wrong := unweighable(out, eager_outs[rank])) is not None:
             raise ThunderReturnedWrong(f"step {step}: the Thunder module's output {wrong}")
         output = out.detach().clone().cpu()
         if measured:
@@ -168,26 +135,23 @@ class _Lockstep:
         training.held_after_backward.append(ledger.read())
         backward_trace = final_traces(tm).backward  # the one Thunder ran last
         if measured:
-            with self.eager_buffers.rank(rank, keep=False):
-                training.eager_peaks.update(eager_peaks(eager_model, inputs[rank], cotangents[rank], device))
-            if twin is not None and self.twin_buffers is not None:  # the float32 twin's, below float32
-                with self.twin_buffers.rank(rank, keep=False):
-                    twin_peaks = eager_peaks(twin, float32_input(inputs[rank]), cotangents[rank].float(), device)
+            training.eager_peaks.update(eager.peaks(rank, inputs[rank], cotangents[rank], device))
+            if twin is not None:  # the float32 twin's, below float32
+                twin_peaks = twin.peaks(rank, inputs[rank], cotangents[rank], device)
                 training.eager_peaks.update({f"float32 {k}": v for k, v in twin_peaks.items()})
         # FSDP averages gradients over ranks: the eager loss is the mean of the ranks' losses.
-        mean_loss(ref_outs, cotangents).backward()
+        eager.backward(eager_outs, cotangents)
         twin_outs = twin_at_thunder = None
-        if twin is not None and self.twin_buffers is not None:
-            twin_at_thunder = self.twin_at_thunder_weights(inputs, cotangents)
-            twin_outs = self.twin_buffers.forward([float32_input(x) for x in inputs])
-            mean_loss(twin_outs, [c.float() for c in cotangents]).backward()
-        local_at_thunder = rank_gradients(at_thunder[0], inputs, cotangents, at_thunder[1])
-        float64_at_thunder = None
-        if float64_buffers is not None:
-            float64_at_thunder = float64_gradients(at_thunder[0], inputs, cotangents, float64_buffers)
+        if twin is not None:
+            # at the Thunder module's weights before the twin's forward of this step updates its buffers
+            twin_at_thunder = TwinAtThunder.taken(twin, self.weights).run(inputs, cotangents, rank)
+            twin_outs = twin.forward(inputs)
+            twin.backward(twin_outs, cotangents)
+        local_at_thunder = local.run(inputs, cotangents)
+        float64_at_thunder = None if float64 is None else float64.run(inputs, cotangents, rank)
         grads = self.eager_model.gather(tm, grads=True)
-        eager_grads = snapshot(eager_model, grads=True)
-        twin_grads = None if twin is None else snapshot(twin, grads=True)
+        eager_grads = eager.gradients()
+        twin_grads = None if twin is None else twin.gradients()
         thunder_opt = optimizers[0]
         held_before_step = ledger.read()
         with ledger.phase() as optimizer_step, thunder_call("optimizer step"):
@@ -203,9 +167,9 @@ class _Lockstep:
         with ledger.phase(), thunder_call("zero_grad"):
             thunder_opt.zero_grad(set_to_none=True)
         training.held_after_step.append(ledger.read(thorough=True))
-        self.eager_buffers.hold(rank)
-        if self.twin_buffers is not None:
-            self.twin_buffers.hold(rank)
+        eager.hold(rank)
+        if twin is not None:
+            twin.hold(rank)
         self.weights = self.eager_model.gather(tm)
         # under DDP every rank steps its own whole replica: the same averaged gradients and the
         # same optimizer must leave them identical, bit for bit
@@ -216,23 +180,18 @@ class _Lockstep:
             StepRecord(
                 optimizer=optimizer,
                 output=output,
-                eager_output=ref_outs[rank].detach().cpu(),
                 grads=grads,
-                eager_grads=eager_grads,
+                eager=eager.result(eager_outs, eager_grads, rank),
                 after=ParametersAfter(
                     thunder=self.weights,
-                    eager_model=snapshot(eager_model),
-                    twin=snapshot(twin) if twin is not None else None,
+                    eager_model=snapshot(eager.module),
+                    twin=snapshot(twin.module) if twin is not None else None,
                 ),
-                twin_output=None if twin_outs is None else twin_outs[rank].detach().cpu(),
-                twin_grads=twin_grads,
-                twin_at_thunder_output=None if twin_at_thunder is None else twin_at_thunder[0][rank],
-                twin_at_thunder_grads=None if twin_at_thunder is None else twin_at_thunder[1],
+                twin=None if twin is None else twin.result(twin_outs, twin_grads, rank),
+                twin_at_thunder=twin_at_thunder,
                 local_at_thunder=local_at_thunder,
-                float64_at_thunder_grads=float64_at_thunder,
+                float64_at_thunder=float64_at_thunder,
                 buffers=cpu_copies(tm.named_buffers()),
-                eager_buffers=cpu_copies(eager_model.named_buffers()),
-                twin_buffers=None if twin is None else cpu_copies(twin.named_buffers()),
                 replicas=replicas,
                 backward_trace=backward_trace,
                 dropout_masks=masks,

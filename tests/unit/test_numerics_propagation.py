@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conformance.checks.numerics import propagation, tolerances
-from conformance.checks.record import ParametersAfter, StepRecord
+from conformance.checks.record import ParametersAfter, StepRecord, TrainedStep
 from fixtures.optimizers import OPTIMIZERS
 
 DTYPE = torch.bfloat16
@@ -20,11 +20,10 @@ def _step(optimizer: str, twin: torch.Tensor, eager: torch.Tensor) -> StepRecord
     return StepRecord(
         optimizer=optimizer,
         output=torch.zeros(1),
-        eager_output=torch.zeros(1),
         grads={},
-        eager_grads={"w": eager},
+        eager=TrainedStep(output=torch.zeros(1), grads={"w": eager}),
         after=empty,
-        twin_grads={"w": twin},
+        twin=TrainedStep(output=torch.zeros(1), grads={"w": twin}),
     )
 
 
@@ -74,6 +73,6 @@ def test_a_skipped_step_still_moves_the_update_past_the_bound() -> None:
 
 def test_a_missing_gradient_allows_nothing() -> None:
     step = _step("SGD", torch.ones(3), torch.ones(3))
-    step.twin_grads = None
+    step.twin = None
     assert propagation.propagated(OPTIMIZERS["SGD"], [step], "w", DTYPE) is None
     assert tolerances.gradient_allowance(_step("SGD", torch.ones(3), torch.ones(2)), "w", DTYPE) is None
