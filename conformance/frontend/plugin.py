@@ -1,5 +1,5 @@
 """The pytest plugin: hooks that turn cells into parametrized items, and the ``conformance``
-fixture. The kit's options are registered and parsed in ``config.py``; the hooks read them
+fixture. The kit's options are registered and parsed in ``options.py``; the hooks read them
 from ``config.stash[CONFIG]``.
 
 Loaded from the repository's conftest.py. Test modules of the suite take two fixtures:
@@ -18,8 +18,8 @@ import pytest
 from conformance.checks.registry import applies
 from conformance.frontend import baseline, chaos, hypothesis_profiles
 from conformance.frontend.blame import KitError
-from conformance.frontend.config import CONFIG, add_options, auto_workers, build
 from conformance.frontend.ledger import Ledger
+from conformance.frontend.options import CONFIG, add_options, auto_workers, build
 from conformance.frontend.probing import RunEnd
 from conformance.frontend.runner import RUNNER, Runner
 from conformance.frontend.verdict import Conformance

@@ -12,8 +12,8 @@ import pytest
 
 from conformance.checks.findings import CellResult
 from conformance.frontend import baseline, xfails
-from conformance.frontend.config import DEFAULT_XFAILS, KitConfig
 from conformance.frontend.lifetimes import Lifetimes, WorldKey
+from conformance.frontend.options import DEFAULT_XFAILS, KitConfig
 from conformance.frontend.probing import PROBE, ask
 from conformance.matrix import order
 from conformance.matrix.cells import Cell

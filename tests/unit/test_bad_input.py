@@ -139,7 +139,7 @@ def test_tox_multigpu_refuses_fewer_than_two_gpus_unless_asked(tmp_path: Path) -
 )
 def test_a_malformed_replay_names_what_is_wrong(text: str, pattern: str) -> None:
     with pytest.raises(pytest.UsageError) as info:
-        options.replay(text)
+        options.parse_replay(text)
     message = str(info.value)
     assert "\n" not in message and message.startswith("--replay"), message
     assert re.search(pattern, message), message
@@ -148,7 +148,7 @@ def test_a_malformed_replay_names_what_is_wrong(text: str, pattern: str) -> None
 def test_a_generated_cells_tie_must_fit_its_spec() -> None:
     untied = {**GENERATED.axes(), "tie": "untied"}
     with pytest.raises(pytest.UsageError, match=r"tie 'untied' does not fit the spec's ties \[\[0, 1\]\]"):
-        options.replay(json.dumps(untied))
+        options.parse_replay(json.dumps(untied))
 
 
 @pytest.mark.parametrize(
@@ -160,7 +160,7 @@ def test_a_generated_cells_tie_must_fit_its_spec() -> None:
     ],
 )
 def test_what_the_kit_prints_replays(replayed: Cell) -> None:
-    assert options.replay(json.dumps(replayed.axes())) == replayed
+    assert options.parse_replay(json.dumps(replayed.axes())) == replayed
 
 
 @pytest.mark.parametrize("option", ["--cell-timeout", "--node-silence", "--rejoin-timeout"])
@@ -173,16 +173,16 @@ def test_seconds_must_be_finite_and_positive(value: str, option: str) -> None:
 
 def test_nproc_is_settled_into_a_number(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(options.launch, "visible_cuda_devices", lambda: 3)
-    assert options.nproc("gpus") == 3 and options.nproc("4") == 4 and options.nproc(2) == 2
+    assert options.parse_nproc("gpus") == 3 and options.parse_nproc("4") == 4 and options.parse_nproc(2) == 2
     for bad in ("0", "-1", "two", "2.5"):
         with pytest.raises(pytest.UsageError, match="--nproc must be"):
-            options.nproc(bad)
+            options.parse_nproc(bad)
     options.enough_gpus(3)
     with pytest.raises(pytest.UsageError, match=r"--nproc 4 needs 4 GPUs .*3 visible"):
         options.enough_gpus(4)
     monkeypatch.setattr(options.launch, "visible_cuda_devices", lambda: 0)
     with pytest.raises(pytest.UsageError, match="--nproc gpus: no GPU is visible"):
-        options.nproc("gpus")
+        options.parse_nproc("gpus")
 
 
 # --- a THUNDER_SPEC or TORCH_SPEC that does not install -------------------------------------

@@ -81,12 +81,12 @@ def test_auto_is_nccl_only_where_the_workers_block_seats_every_rank(gpus) -> Non
 
 def test_nproc_gpus_is_the_workers_share(gpus) -> None:
     gpus(8, mask="0,1,2,3,4,5,6,7")
-    assert options.nproc("gpus") == 8
-    assert options.nproc("gpus", workers=2) == 4
-    assert options.nproc("gpus", workers=3) == 2  # two GPUs left idle
+    assert options.parse_nproc("gpus") == 8
+    assert options.parse_nproc("gpus", workers=2) == 4
+    assert options.parse_nproc("gpus", workers=3) == 2  # two GPUs left idle
     gpus(2)
     with pytest.raises(pytest.UsageError) as info:
-        options.nproc("gpus", workers=3)
+        options.parse_nproc("gpus", workers=3)
     assert str(info.value) == (
         "--nproc gpus: 2 GPUs visible for 3 xdist workers, whose worlds need at least one each: run fewer workers"
     )
@@ -125,20 +125,22 @@ def test_xdist_place_in_a_worker_and_in_the_controller(monkeypatch: pytest.Monke
 
 def test_min_gpus(gpus) -> None:
     gpus(1, mask="3")
-    assert options.min_gpus(None) is None and options.min_gpus("1") == 1 and options.min_gpus("0") == 0
+    assert (
+        options.parse_min_gpus(None) is None and options.parse_min_gpus("1") == 1 and options.parse_min_gpus("0") == 0
+    )
     with pytest.raises(pytest.UsageError) as info:
-        options.min_gpus("2")
+        options.parse_min_gpus("2")
     assert str(info.value) == (
         "--min-gpus 2: 1 GPU visible (CUDA_VISIBLE_DEVICES='3'), fewer than 2 (a world of one rank shards nothing); "
         "to run on 1 anyway: --min-gpus 1 (tox -e multigpu -- --min-gpus 1)"
     )
     gpus(3)
-    assert options.min_gpus("2") == 2
+    assert options.parse_min_gpus("2") == 2
     with pytest.raises(pytest.UsageError, match=r"3 GPUs visible, 1 for each of 2 xdist workers, fewer than 2"):
-        options.min_gpus("2", workers=2)
+        options.parse_min_gpus("2", workers=2)
     for bad in ("two", "-1", "1.5"):
         with pytest.raises(pytest.UsageError, match="--min-gpus must be"):
-            options.min_gpus(bad)
+            options.parse_min_gpus(bad)
 
 
 # --- a driver error --------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conformance.frontend.config import DEFAULT_XFAILS, KitConfig
+from conformance.frontend.options import DEFAULT_XFAILS, KitConfig
 from conformance.frontend.runner import Runner
 from conformance.matrix.cells import Cell
 from conformance.reports import environment

@@ -11,7 +11,7 @@ import pytest
 
 from conformance.checks.findings import CellResult
 from conformance.frontend import options
-from conformance.frontend.config import KitConfig
+from conformance.frontend.options import KitConfig
 from conformance.frontend.runner import Runner
 from conformance.matrix.cells import Cell
 from conformance.reports.session import SessionInfo

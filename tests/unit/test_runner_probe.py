@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from conformance.checks.findings import CellResult
-from conformance.frontend.config import KitConfig
 from conformance.frontend.lifetimes import Lifetimes
-from conformance.frontend.options import XdistPlace
+from conformance.frontend.options import KitConfig, XdistPlace
 from conformance.frontend.probing import PROBE
 from conformance.frontend.runner import Runner
 from conformance.matrix.cells import Cell

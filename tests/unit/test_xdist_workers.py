@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from conformance.frontend.options import auto_workers, explicit_dist
+from conformance.frontend.options import explicit_dist, workers_that_fit
 from conformance.world.launch import visible_cuda_devices
 from tests.support.suite_runs import ROOT
 
@@ -32,7 +32,7 @@ from tests.support.suite_runs import ROOT
     ],
 )
 def test_auto_fits_as_many_worlds_as_the_machine_holds(nproc, backend, cores, gpus, workers) -> None:
-    assert auto_workers(nproc, backend, cores, gpus) == workers
+    assert workers_that_fit(nproc, backend, cores, gpus) == workers
 
 
 def test_an_explicit_mode_is_the_users() -> None:
@@ -43,12 +43,13 @@ def test_an_explicit_mode_is_the_users() -> None:
 @pytest.mark.slow
 def test_auto_asks_the_kit_and_schedules_by_cell() -> None:
     """(An explicit --dist is left alone: explicit_dist above; checked by hand with --dist load.)"""
+
     def header(*args: str) -> str:
         command = [sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", "-v", "-k", "no_such_cell"]
         return subprocess.run([*command, *args], cwd=ROOT, capture_output=True, text=True, timeout=300).stdout
 
     auto = header("-n", "auto", "--nproc", "1")
-    expected = auto_workers("1", "auto", os.cpu_count(), visible_cuda_devices())
+    expected = workers_that_fit("1", "auto", os.cpu_count(), visible_cuda_devices())
     assert f"created: {expected}/{expected} worker" in auto and "LoadGroupScheduling" in auto
 
 
