@@ -1,5 +1,5 @@
 """Memory: per-phase peaks and what stays alive after setup, against bounds derived from the
-model and an estimate from the traces' data flow (see conformance/checks/memory.py)."""
+model and an estimate from the traces' data flow (see conformance/checks/memory/__init__.py)."""
 
 from conformance.matrix.cells import Cell
 

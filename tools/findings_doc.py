@@ -75,9 +75,9 @@ def render(text: str, source: str = "xfails.toml") -> str:
         f"Generated from `{source}` by `tools/findings_doc.py`; do not edit it by hand:",
         "`python tools/findings_doc.py --write` regenerates it, and `tests/unit/test_docs.py`",
         "fails where it is stale. Each entry below is one known non-conformance: the check area,",
-        "the cells it covers, the Thunder versions it holds on, the failure messages it expects",
-        "(each `{}` one number, `{name}` one tensor's name), why, and the evidence. How entries",
-        "are matched is in [reports.md](reports.md#known-non-conformances-xfailstoml).",
+        "the cells it covers, the Thunder versions it holds on, the failures it expects (each by",
+        "its code and fields: [codes.md](codes.md)) or the raise its cells end with, why, and the",
+        "evidence. How entries are matched is in [reports.md](reports.md#known-non-conformances-xfailstoml).",
         "",
         "## By Thunder version",
         "",
@@ -93,9 +93,9 @@ def render(text: str, source: str = "xfails.toml") -> str:
         for i in numbers:
             entry = entries[i - 1]
             reason = _first_sentence(str(entry.get("reason", "")))
-            anchor = f"entry-{i}-{entry.get('area', '')}"
+            anchor = f"entry-{i}-{_area(entry).replace(' ', '-')}"
             out.append(
-                f"| [{i}](#{anchor}) | {_cell(str(entry.get('area', '')))} | {_cell(_when(entry.get('when', {})))} "
+                f"| [{i}](#{anchor}) | {_cell(_area(entry))} | {_cell(_when(entry.get('when', {})))} "
                 f"| {_cell(reason)} |"
             )
         out.append("")
@@ -103,24 +103,49 @@ def render(text: str, source: str = "xfails.toml") -> str:
     for i, (entry, line) in enumerate(zip(entries, lines, strict=True), start=1):
         where = f"`{source}` line {line}" if line else f"`{source}`"
         out += [
-            f"### Entry {i}: {entry.get('area', '')}",
+            f"### Entry {i}: {_area(entry)}",
             "",
             f"- where: {where}",
             f"- Thunder: {', '.join(_code(s) for s in entry.get('thunder', []))}",
             f"- cells: {_when(entry.get('when', {}))}",
-            "- failures it expects:",
         ]
-        out += [f"  - {_failure(f)}" for f in entry.get("failures", [])]
+        if "raises" in entry:
+            out.append(f"- raise its cells end with: {_raise(entry['raises'])}")
+        else:
+            out.append("- failures it expects:")
+            out += [f"  - {_failure(f)}" for f in entry.get("failures", [])]
         out += [f"- reason: {entry.get('reason', '')}", f"- evidence: {entry.get('link', '')}", ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 
+def _area(entry: dict[str, Any]) -> str:
+    """The entry's area; a raises entry without one covers every area of its cells."""
+    return str(entry.get("area", "every area" if "raises" in entry else ""))
+
+
+def _raise(raised: object) -> str:
+    if not isinstance(raised, dict):
+        return _code(str(raised))
+    kind, at, message = (_code(str(raised.get(k))) for k in ("type", "at", "message"))
+    return f"{kind} from {at}, its message holding {message}"
+
+
 def _failure(failure: object) -> str:
-    """A template, and the cells it shows in where it names them ({template, when})."""
-    if isinstance(failure, dict):
-        when = failure.get("when")
-        return _code(str(failure.get("template", ""))) + (f" (only where {_when(when)})" if when else "")
-    return _code(str(failure))
+    """A failure by its code and fields, and the cells it shows in where it names them."""
+    if not isinstance(failure, dict):
+        return _code(str(failure))
+    fields = ", ".join(f"{k} = {_value(v)}" for k, v in failure.items() if k not in ("code", "when"))
+    when = failure.get("when")
+    return _code(f"{failure.get('code', '')} {{{fields}}}") + (f" (only where {_when(when)})" if when else "")
+
+
+def _value(value: object) -> str:
+    """A field's value as the entry writes it, a long list of names cut to its size."""
+    if isinstance(value, dict) and isinstance(value.get("one_of"), list) and len(value["one_of"]) > 4:
+        return f"one of {len(value['one_of'])} names ({', '.join(map(str, value['one_of'][:3]))}, ...)"
+    if isinstance(value, dict) and "one_of" in value:
+        return f"one of {', '.join(map(str, value['one_of']))}"
+    return str(value) if not isinstance(value, str) else repr(value)
 
 
 def main(argv: list[str] | None = None) -> int:

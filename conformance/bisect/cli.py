@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from conformance.bisect import git
+from conformance.bisect.classify import BAD, GOOD, SKIP, Verdict
 from conformance.bisect.git import BadInput
 from conformance.bisect.step import KIT_ROOT, STEP_FLAG, StepConfig, WrongThunder, run_step, saved_verdict, step_main
-from conformance.bisect.verdict import BAD, GOOD, SKIP, Verdict
 
 # this command's exit status
 FOUND, UNDECIDED, INTERRUPTED, BAD_INPUT = 0, 1, 2, 4

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from conformance.bisect import git
+from conformance.bisect.classify import ABORT, SKIP, Verdict, verdict
 from conformance.bisect.git import BadInput
-from conformance.bisect.verdict import ABORT, SKIP, Verdict, verdict
 
 KIT_ROOT = Path(__file__).resolve().parents[2]
 STEP_FLAG = "--git-bisect-step"  # how git bisect run calls back into the command

@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from conformance.checks.area import Area
+from conformance.checks.area import Across, Area
 from conformance.checks.buckets import buckets, ddp_buckets
-from conformance.checks.findings import Findings
+from conformance.checks.findings import Failure, Findings
 from conformance.checks.record import CellRecord, SimulatedRecord
 from conformance.checks.reductions import REDUCING, bytes_derived, judge_backward
 from conformance.checks.storages import distinct_storages, padded_bytes
@@ -57,35 +57,41 @@ def expected_counts(
     }
 
 
-# (annotation, (sharding, bucketing) -> the alternative's (sharding, bucketing)), in the order
-# they are tried: the first whose count equals the one found is named.
+# (key, annotation, (sharding, bucketing) -> the alternative's (sharding, bucketing)), in the
+# order they are tried: the first whose count equals the one found is named. The key is the
+# failure's ``alternative`` field (what xfails entries match) and the name of its count among
+# what was derived (checks/derived.py); the annotation is its message's wording.
 ALTERNATIVES = (
-    ("the count without bucketing", lambda sharding, bucketing: (sharding, "none")),
-    ("the count under ZERO2", lambda sharding, bucketing: ("zero2", bucketing)),
+    ("unbucketed", "the count without bucketing", lambda sharding, bucketing: (sharding, "none")),
+    ("zero2", "the count under ZERO2", lambda sharding, bucketing: ("zero2", bucketing)),
 )
+# the alternative a forbidden count of a scenario may equal: what the training issues
+TRAINING = ("training", "the training's count")
 
 
 def alternative_counts(
     module: torch.nn.Module, sharding: str, bucketing: str, replicated: bool = False
-) -> list[tuple[str, dict]]:
-    """(annotation, counts) of each recognised alternative that differs from the cell itself
-    (under DDP only the count without bucketing: sharding does not apply)."""
+) -> list[tuple[tuple[str, str], dict]]:
+    """((key, annotation), counts) of each recognised alternative that differs from the cell
+    itself (under DDP only the count without bucketing: sharding does not apply)."""
     out = []
-    for annotation, alternative in ALTERNATIVES:
+    for key, annotation, alternative in ALTERNATIVES:
         alt_sharding, alt_bucketing = alternative(sharding, bucketing)
         if replicated and alt_sharding != sharding:
             continue
         if (alt_sharding, alt_bucketing) != (sharding, bucketing):
-            out.append((annotation, expected_counts(module, alt_sharding, alt_bucketing, replicated)))
+            out.append(((key, annotation), expected_counts(module, alt_sharding, alt_bucketing, replicated)))
     return out
 
 
-def named_alternative(alternatives: list[tuple[str, dict]], phase: str, kind: str, got: int) -> str | None:
-    """The annotation of the first alternative whose count of ``kind`` in ``phase`` is ``got``."""
-    return next((annotation for annotation, counts in alternatives if counts[phase][kind] == got), None)
+def named_alternative(
+    alternatives: list[tuple[tuple[str, str], dict]], phase: str, kind: str, got: int
+) -> tuple[str, str] | None:
+    """(key, annotation) of the first alternative whose count of ``kind`` in ``phase`` is ``got``."""
+    return next((named for named, counts in alternatives if counts[phase][kind] == got), None)
 
 
-SEQUENCE = "collective sequence"  # the metric every rank of a world must agree on (frontend/verdict.py)
+SEQUENCE = "collective sequence"  # the metric every rank of a world must agree on (sequences_differ)
 
 
 def sequence(traces: dict[str, Any]) -> list[str]:
@@ -106,7 +112,8 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
     found = Findings()
     cell = run.cell
     traces = run.traces.by_phase()
-    found.failures += [f"{phase} trace: {MISSING.format(phase)}" for phase, t in traces.items() if t is None]
+    for phase in (phase for phase, t in traces.items() if t is None):
+        found.fail("collectives.trace_missing", f"{phase} trace: {MISSING.format(phase)}", phase=phase)
     traces = {phase: t for phase, t in traces.items() if t is not None}
     symbols = {phase: collective_symbols(t) for phase, t in traces.items()}
     in_order = sequence(traces)
@@ -121,19 +128,27 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
             got = len(found_in[kind])
             named = named_alternative(alternatives, phase, kind, got)
             want = expected[phase][kind]
-            _count(found, f"{phase} {kind}s", got, want, named, _derived(want, references, phase, kind))
+            _count(found, phase, kind, got, want, named, _derived(want, references, phase, kind))
         gathered = collections.Counter(
             b.flat_proxy_args[0].name if b.flat_proxy_args else "(no input)" for b in found_in["all_gather"]
         )
         twice = sorted(name for name, n in gathered.items() if n > 1)
-        with found.expect(f"{phase} gathers each storage once"):
+        with found.expect("collectives.gathered_twice", f"{phase} gathers each storage once", phase=phase, names=twice):
             assert not twice, f"gathered more than once: {twice}"
     world = cell.world_size
     storages = distinct_storages(run.eager_model).values()
     gathered_bytes = 0 if replicated else sum(padded_bytes(p, world) for p in storages)
     if "forward" in symbols:
         got_bytes = _out_bytes(symbols["forward"]["all_gather"])
-        found.equal("forward all-gathered bytes", got_bytes, gathered_bytes, bytes_derived(gathered_bytes, world))
+        found.equal(
+            "collectives.bytes",
+            "forward all-gathered bytes",
+            got_bytes,
+            gathered_bytes,
+            bytes_derived(gathered_bytes, world),
+            phase="forward",
+            kind="all_gather",
+        )
     for label, backward in backward_traces(run):
         if backward is None:  # said above
             continue
@@ -202,7 +217,7 @@ def judge_scenario(
     traces = record.traces.by_phase()
     for phase, (label, want) in scenario_counts(record.scenario, expected).items():
         trace = traces.get(phase)
-        with found.expect(f"{label} trace"):
+        with found.expect("collectives.trace_missing", f"{label} trace", phase=label):
             assert trace is not None, "Thunder compiled none"
         if trace is None:
             continue
@@ -217,12 +232,18 @@ def judge_scenario(
             if want[kind]:
                 named = named_alternative(alternatives, phase, kind, got)
             else:
-                named = "the training's count" if got and got in trained else None
-            _count(found, f"{label} {kind}s", got, want[kind], named, _derived(want[kind], references, phase, kind))
+                named = TRAINING if got and got in trained else None
+            _count(found, label, kind, got, want[kind], named, _derived(want[kind], references, phase, kind))
         if phase == "forward":
             got_bytes = _out_bytes(found_in["all_gather"])
             found.equal(
-                f"{label} all-gathered bytes", got_bytes, gathered_bytes, bytes_derived(gathered_bytes, world_size)
+                "collectives.bytes",
+                f"{label} all-gathered bytes",
+                got_bytes,
+                gathered_bytes,
+                bytes_derived(gathered_bytes, world_size),
+                phase=label,
+                kind="all_gather",
             )
 
 
@@ -246,13 +267,24 @@ def _derived(
 
 
 def _count(
-    found: Findings, what: str, got: int, want: int, named: str | None, derived: dict[str, float] | None = None
+    found: Findings,
+    phase: str,
+    kind: str,
+    got: int,
+    want: int,
+    named: tuple[str, str] | None,
+    derived: dict[str, float] | None = None,
 ) -> None:
     """A count of collectives against the model's, recorded as ``Findings.equal`` records it;
-    a wrong count says which alternative it equals, where it equals one."""
+    a wrong count says which alternative it equals, where it equals one (``collectives.count``:
+    phase, kind, got and the alternative's key)."""
+    what = f"{phase} {kind}s"
     found.metrics[what] = {"expected": want, "actual": got}
-    with found.expect(what, derived or {"expected": want}):
-        assert got == want, f"expected {want}, got {got}" + (f" ({named})" if named else "")
+    key, annotation = named or (None, None)
+    with found.expect(
+        "collectives.count", what, derived or {"expected": want}, phase=phase, kind=kind, got=got, alternative=key
+    ):
+        assert got == want, f"expected {want}, got {got}" + (f" ({annotation})" if annotation else "")
 
 
 def _out_bytes(bsyms: list[Any]) -> int:
@@ -261,4 +293,39 @@ def _out_bytes(bsyms: list[Any]) -> int:
     return sum(proxy_bytes(b.flat_proxy_outs[0]) for b in bsyms if b.flat_proxy_outs)
 
 
-AREA = Area("collectives", check, simulated=check)
+def sequences_differ(ranks: list[int], findings: list[Findings]) -> list[Across]:
+    """Ranks whose collectives, in the order issued, differ from the first rank's: in a real
+    world they would deadlock or exchange mismatched buffers. One failure per group of ranks
+    that issued the same sequence (``collectives.sequence``: where it first differs, what
+    they issued there and what the first rank did)."""
+    issued = {rank: f.metrics.get(SEQUENCE) for rank, f in zip(ranks, findings, strict=True)}
+    if not issued:
+        return []
+    first, *_ = issued
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for rank, seq in issued.items():
+        groups.setdefault(tuple(seq or ()), []).append(rank)
+    ours = tuple(issued[first] or ())
+    out = []
+    for seq, members in groups.items():
+        if seq == ours:
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(ours, seq, strict=False)) if a != b), min(len(ours), len(seq)))
+        theirs = seq[at] if at < len(seq) else "nothing"
+        mine = ours[at] if at < len(ours) else "nothing"
+        message = (
+            f"collective sequence differs from rank {first}'s ({len(seq)} collectives, rank {first} "
+            f"{len(ours)}): at #{at} {theirs}, rank {first} {mine}"
+        )
+        fields = {"at": at, "got": theirs, "first_rank": mine}
+        out.append(Across(Failure("collectives.sequence", message, fields), members))
+    return out
+
+
+AREA = Area(
+    "collectives",
+    check,
+    simulated=check,
+    across_ranks=sequences_differ,
+    per_rank_omits=frozenset({SEQUENCE}),
+)

@@ -14,7 +14,7 @@ DERIVED: dict[str, str] = {
     "unbucketed": "the count the cell would expect without bucketing (one bucket per parameter storage)",
     "zero2": "the count the cell would expect under ZERO2 (no backward re-gather)",
     "expected_times_world_size": "the expected bytes, world-size times",
-    # memory (checks/memory.py): what is held after setup
+    # memory (checks/memory/__init__.py): what is held after setup
     "resident": "the bytes of the rank's shards and buffers",
     "buffers": "the bytes of the model's buffers",
     "handed_over": "the bytes of the state dict the kit handed Thunder",

@@ -42,59 +42,116 @@ class Crash:
         return cls("".join(traceback.format_exception(exc)), frames)
 
 
+# what an xfails table names beside a failure's fields (frontend/templates.py): never a field
+RESERVED = frozenset({"code", "when"})
+
+
+@dataclasses.dataclass
+class Failure:
+    """One failure a check found on one rank. ``code`` (``collectives.count``) and ``fields``
+    (``{phase, kind, got, alternative}``) say what failed, stably: xfails entries match them
+    (conformance/frontend/xfails.py). ``derived`` holds the numbers the kit derived for it
+    from the model, eager PyTorch and the world size (checks/derived.py names them), which an
+    entry's field may be held to (``got = "{unbucketed}"``). ``message`` is for people and may
+    be reworded freely: nothing matches it."""
+
+    code: str
+    message: str
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+    derived: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
 @dataclasses.dataclass
 class Findings:
-    failures: list[str] = dataclasses.field(default_factory=list)
+    found: list[Failure] = dataclasses.field(default_factory=list)
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     crash: Crash | None = None  # the check itself raised: nothing above is a verdict
-    # failure message -> what the check derived for it (checks/derived.py names): the numbers
-    # an xfails template may name instead of a free one
-    derived: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def failures(self) -> list[str]:
+        """The failures' messages, in the order found (what people read)."""
+        return [f.message for f in self.found]
+
+    def fail(self, code: str, message: str, derived: Mapping[str, float] | None = None, **fields: Any) -> None:
+        """Record a failure: its code and fields, what the kit derived for it, its message."""
+        if reserved := sorted(set(fields) & RESERVED):
+            # an xfails table could never name such a field (frontend/templates.py), so never match it
+            raise ValueError(f"{code}: a failure's field may not be named {', '.join(reserved)}")
+        kept = {k: _plain(v) for k, v in fields.items() if v is not None}
+        self.found.append(Failure(code, message, kept, dict(derived or {})))
 
     @contextlib.contextmanager
-    def expect(self, what: str, derived: Mapping[str, float] | None = None) -> Iterator[None]:
-        """Record an AssertionError raised inside as a failure of ``what`` (with ``derived``,
-        the numbers the check derived for it) and go on."""
+    def expect(
+        self,
+        code: str,
+        what: str,
+        derived: Mapping[str, float] | None = None,
+        fields: Mapping[str, Any] | None = None,
+        **more: Any,
+    ) -> Iterator[None]:
+        """Record an AssertionError raised inside as a failure ``code`` of ``what`` (with
+        ``derived``, the numbers the check derived for it, and its fields: ``fields`` and
+        ``more``) and go on. ``derived`` and ``fields`` are read when the assertion fails, so a
+        check may fill them as it goes."""
         try:
             yield
         except AssertionError as exc:
-            message = f"{what}: {exc}"
-            self.failures.append(message)
-            if derived:
-                self.derived[message] = dict(derived)
+            self.fail(code, f"{what}: {exc}", derived, **{**(fields or {}), **more})
 
-    def equal(self, what: str, actual: Any, expected: Any, derived: Mapping[str, float] | None = None) -> None:
+    def equal(
+        self,
+        code: str,
+        what: str,
+        actual: Any,
+        expected: Any,
+        derived: Mapping[str, float] | None = None,
+        **fields: Any,
+    ) -> None:
+        """``actual == expected``, recorded as a metric; a failure's fields carry ``got``
+        (what Thunder did) and, where it is a number, ``expected`` is among what was derived."""
         self.metrics[what] = {"expected": expected, "actual": actual}
         numeric = isinstance(expected, int | float) and not isinstance(expected, bool)
-        with self.expect(what, {"expected": expected, **(derived or {})} if numeric else derived):
+        known = {"expected": expected, **(derived or {})} if numeric else dict(derived or {})
+        if not numeric:
+            fields = {"expected": expected, **fields}
+        with self.expect(code, what, known, got=actual, **fields):
             assert actual == expected, f"expected {expected}, got {actual}"
 
     def close(
         self,
+        code: str,
         what: str,
         actual: Mapping[str, torch.Tensor],
         expected: Mapping[str, torch.Tensor],
         per_name: Mapping[str, Mapping[str, float]] | None = None,
+        fields: Mapping[str, Any] | None = None,
         **tol: float,
     ) -> bool:
         """assert_close per name (with ``per_name`` tolerances where given); the worst absolute
-        error over all names becomes a metric. Whether every name was close."""
-        failures = len(self.failures)
+        error over all names becomes a metric. Whether every name was close. Each failure is
+        ``code`` with ``fields`` and the tensor's ``name`` and ``problem``: ``missing``, ``not
+        gathered``, ``shape``, ``dtype``, ``device``, ``values`` or ``extra`` (a name eager has
+        no value for)."""
+        failures = len(self.found)
         worst = 0.0
+        fields = dict(fields or {})
         # what some rank held that the kit could not gather as it was (conformance/rank/gather.py)
         defects: Mapping[str, str] = getattr(actual, "defects", {})
         for name, exp in expected.items():
             act = actual.get(name)
-            with self.expect(f"{what} [{name}]"):
+            problem = _problem(act, exp, name in defects)
+            with self.expect(code, f"{what} [{name}]", **fields, name=name, problem=problem):
                 assert act is not None, "missing"
                 assert name not in defects, f"not gathered as Thunder held it: {defects.get(name)}"
                 torch.testing.assert_close(act, exp, **_finite({**tol, **(per_name or {}).get(name, {})}))
             if act is not None and act.shape == exp.shape:
                 worst = max(worst, _worst_error(act, exp))
         # a name eager has no value for (a frozen parameter's gradient) must have none here
-        self.failures += [f"{what} [{name}]: present where eager has none" for name in actual if name not in expected]
+        for name in actual:
+            if name not in expected:
+                self.fail(code, f"{what} [{name}]: present where eager has none", **fields, name=name, problem="extra")
         self.metrics[f"{what} max_abs_err"] = worst
-        return len(self.failures) == failures
+        return len(self.found) == failures
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -107,6 +164,31 @@ def identical(a: torch.Tensor, b: torch.Tensor | None) -> bool:
         return b is not None and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
     except Exception:  # what Thunder handed over may be anything: not the same, then
         return False
+
+
+def _problem(actual: Any, expected: torch.Tensor, defect: bool) -> str:
+    """What is wrong with ``actual`` against ``expected``, should assert_close refuse it: the
+    first of missing, not gathered, shape, dtype, device, else its values."""
+    if actual is None:
+        return "missing"
+    if defect:
+        return "not gathered"
+    for attribute in ("shape", "dtype", "device"):
+        if getattr(actual, attribute, None) != getattr(expected, attribute):
+            return attribute
+    return "values"
+
+
+def _plain(value: Any) -> Any:
+    """A field's value as JSON and TOML hold it: tuples and sets as sorted or ordered lists,
+    torch dtypes and other objects as their text."""
+    if isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted(_plain(v) for v in value)
+    return str(value)
 
 
 def _worst_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -148,8 +230,8 @@ class CellResult:
         areas = {}
         for name, found in raw["areas"].items():  # ``raw`` is read again for every area's item
             crash = found.get("crash")
-            fields = {k: v for k, v in found.items() if k != "crash"}
-            areas[name] = Findings(**fields, crash=Crash(**crash) if crash else None)
+            failures = [Failure(**f) for f in found.get("found", [])]
+            areas[name] = Findings(failures, found.get("metrics", {}), Crash(**crash) if crash else None)
         return cls(areas=areas, timings=raw["timings"], unsupported=raw["unsupported"])
 
 

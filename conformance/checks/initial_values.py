@@ -3,6 +3,9 @@ values of one tensor, and whether ranks' shards of a random tensor are copies of
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import torch
 
 from conformance.checks.distributions import (
@@ -17,49 +20,69 @@ from conformance.checks.draws import Expectation
 from fixtures import patterns
 
 
-def check_values(value: torch.Tensor | None, exp: Expectation, dtype: torch.dtype) -> tuple[str | None, float | None]:
-    """Why Thunder's initial ``value`` breaks ``exp`` (one message), or None; and the KS ratio."""
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Why an initial value breaks what module init must draw: a message, and fields a failure
+    carries (``problems``: the kinds found, in order; beside them what names the kind:
+    ``drawn_like``/``expected_like`` the module classes whose draws it matches and should)."""
+
+    message: str
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _problem(parts: list[tuple[str, str]], **fields: Any) -> Problem | None:
+    """One Problem of (kind, message) parts, or None where there are none."""
+    if not parts:
+        return None
+    return Problem("; ".join(m for _, m in parts), {"problems": [k for k, _ in parts], **fields})
+
+
+def check_values(
+    value: torch.Tensor | None, exp: Expectation, dtype: torch.dtype
+) -> tuple[Problem | None, float | None]:
+    """Why Thunder's initial ``value`` breaks ``exp``, or None; and the KS ratio."""
     if value is None:
-        return "missing", None
+        return _problem([("missing", "missing")]), None
     if not isinstance(value, torch.Tensor):
-        return f"not a tensor: {type(value).__name__}", None
+        return _problem([("not_a_tensor", f"not a tensor: {type(value).__name__}")]), None
     problems = []
     if tuple(value.shape) != exp.shape:
-        return f"shape {tuple(value.shape)}, expected {exp.shape}", None
+        return _problem([("shape", f"shape {tuple(value.shape)}, expected {exp.shape}")]), None
     if value.dtype != dtype:
-        problems.append(f"dtype {value.dtype}, expected {dtype}")
+        problems.append(("dtype", f"dtype {value.dtype}, expected {dtype}"))
     if value.dtype.is_floating_point or value.dtype.is_complex:
         finite = torch.isfinite(value)
         if not finite.all():
             nan = int(torch.isnan(value).sum())
-            problems.append(f"{int((~finite).sum())} of {value.numel()} values not finite ({nan} NaN)")
-            return "; ".join(problems), None
+            problems.append(("not_finite", f"{int((~finite).sum())} of {value.numel()} values not finite ({nan} NaN)"))
+            return _problem(problems), None
     found, ratio = _against(value, exp)
-    return "; ".join([*problems, *([found] if found else [])]) or None, ratio
+    if found is None:
+        return _problem(problems), ratio
+    kind, message, fields = found
+    return _problem([*problems, (kind, message)], **fields), ratio
 
 
-def _against(value: torch.Tensor, exp: Expectation) -> tuple[str | None, float | None]:
+def _against(value: torch.Tensor, exp: Expectation) -> tuple[tuple[str, str, dict[str, str]] | None, float | None]:
+    """(kind, message, fields) of what is wrong with a value of the right shape, or None; and
+    the KS ratio."""
     if exp.empirical == "deterministic":
         fresh = exp.fresh.to(value.dtype)
         if not torch.equal(value, fresh):
             err = (value.double() - fresh.double()).abs().max().item()
-            return (
-                f"differs from eager, where {exp.owner} draws nothing at random: max abs err {err:.3g}",
-                None,
-            )
+            message = f"differs from eager, where {exp.owner} draws nothing at random: max abs err {err:.3g}"
+            return ("differs_from_eager", message, {}), None
         return None, None
     if exp.empirical == "random":
         x = value.double().flatten()
         if not exp.fresh_constant and not may_look_constant(x.numel(), value.dtype) and (x == x[0]).all():
-            return f"all {x.numel()} values equal {x[0].item():.6g}", None
+            return ("constant", f"all {x.numel()} values equal {x[0].item():.6g}", {}), None
         d, critical = ks_two_sample(x, exp.fresh)
         if critical >= 1:
             return None, None
         if d > critical:
-            return (
-                f"not distributed like a fresh draw of {exp.owner}: KS statistic {d:.3f} > {critical:.3f}",
-                d / critical,
-            )
+            message = f"not distributed like a fresh draw of {exp.owner}: KS statistic {d:.3f} > {critical:.3f}"
+            return ("not_like_fresh", message, {}), d / critical
         return None, d / critical
     verdicts = [judge(value, d) for _, d in exp.fits]
     ratios = [r for _, r in verdicts if r is not None]
@@ -68,8 +91,10 @@ def _against(value: torch.Tensor, exp: Expectation) -> tuple[str | None, float |
     expected_cls, expected = exp.fits[0]
     for cls, dist in exp.others:
         if judge(value, dist)[0] is None:
-            return f"drawn like {cls}.reset_parameters, not like {expected_cls}.reset_parameters", None
-    return f"{verdicts[0][0]}: {expected_cls}.reset_parameters draws {expected}", verdicts[0][1]
+            message = f"drawn like {cls}.reset_parameters, not like {expected_cls}.reset_parameters"
+            return ("drawn_like", message, {"drawn_like": cls, "expected_like": expected_cls}), None
+    message = f"{verdicts[0][0]}: {expected_cls}.reset_parameters draws {expected}"
+    return ("not_drawn_like", message, {"expected_like": expected_cls}), verdicts[0][1]
 
 
 def pools(expected: dict[str, Expectation]) -> dict[str, tuple[Dist, list[str]]]:

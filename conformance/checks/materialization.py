@@ -31,14 +31,16 @@ from fixtures.models import fixture_for
 def check(run: CellRecord) -> Findings:
     found = Findings()
     setup = run.setup
-    with found.expect("no tensor left on meta"):
-        left = sorted(n for n, d in setup.placement.items() if d == "meta")
+    left = sorted(n for n, d in setup.placement.items() if d == "meta")
+    with found.expect("materialization.left_on_meta", "no tensor left on meta", names=left):
         assert not left, f"still on meta after setup: {left}"
-    with found.expect("placement"):
-        wrong = {n: d for n, d in setup.placement.items() if d not in ("meta", str(run.device))}
+    wrong = {n: d for n, d in setup.placement.items() if d not in ("meta", str(run.device))}
+    with found.expect("materialization.placement", "placement", names=sorted(wrong)):
         assert not wrong, f"expected every tensor on {run.device}, found {wrong}"
     if run.init.values_from_eager:
-        found.close("initial parameters", setup.initial, setup.eager_initial, rtol=0.0, atol=0.0)
+        found.close(
+            "materialization.tensor", "initial parameters", setup.initial, setup.eager_initial, rtol=0.0, atol=0.0
+        )
     else:
         _like_module_init(run, found)
     # module init draws the buffers eager draws at random (held to a fresh draw, like a
@@ -46,20 +48,21 @@ def check(run: CellRecord) -> Findings:
     drawn = {} if run.init.values_from_eager else _buffer_draws(run, found)
     kept = {n: t for n, t in setup.buffers.items() if n not in drawn}
     eager = {n: t for n, t in setup.eager_buffers.items() if n not in drawn}
-    found.close("buffers", kept, eager, rtol=0.0, atol=0.0)
-    with found.expect("buffers on every rank"):
+    found.close("materialization.tensor", "buffers", kept, eager, rtol=0.0, atol=0.0)
+    unlike = setup.buffers_unlike_rank0
+    with found.expect("materialization.buffers_unlike_rank0", "buffers on every rank", names=unlike):
         assert not setup.buffers_unlike_rank0, f"differ from rank 0's: {setup.buffers_unlike_rank0}"
-    with found.expect("trainable parameters"):
-        # a frozen parameter must stay frozen (and a trainable one trainable) through sharding
-        # and materialization: eager's requires_grad, name by name
-        wrong = {}
-        for name, p in run.eager_model.named_parameters():
-            try:
-                ours = run.thunder_module.get_parameter(name).requires_grad
-            except AttributeError:
-                ours = "missing"
-            if ours != p.requires_grad:
-                wrong[name] = f"{ours} (eager: {p.requires_grad})"
+    # a frozen parameter must stay frozen (and a trainable one trainable) through sharding
+    # and materialization: eager's requires_grad, name by name
+    wrong = {}
+    for name, p in run.eager_model.named_parameters():
+        try:
+            ours = run.thunder_module.get_parameter(name).requires_grad
+        except AttributeError:
+            ours = "missing"
+        if ours != p.requires_grad:
+            wrong[name] = f"{ours} (eager: {p.requires_grad})"
+    with found.expect("materialization.requires_grad", "trainable parameters", names=sorted(wrong)):
         assert not wrong, f"requires_grad differs from eager's: {wrong}"
     return found
 
@@ -72,16 +75,20 @@ def _like_module_init(run: CellRecord, found: Findings) -> None:
     passed: dict[str, torch.Tensor] = {}
     for name in [*expected, *(n for n in initial if n not in expected)]:
         exp, value = expected.get(name), initial.get(name)
-        with found.expect(f"initial parameters [{name}]"):
-            assert exp is not None, "not a parameter of the eager model"
-            dtype = eager_model[name].dtype if name in eager_model else run.dtype
-            failure, ratio = initial_values.check_values(value, exp, dtype)
-            worst = max(worst, ratio or 0.0)
-            assert failure is None, failure
+        what = f"initial parameters [{name}]"
+        if exp is None:
+            found.fail("materialization.initial_values", f"{what}: not a parameter of the eager model", name=name)
+            continue
+        dtype = eager_model[name].dtype if name in eager_model else run.dtype
+        failure, ratio = initial_values.check_values(value, exp, dtype)
+        worst = max(worst, ratio or 0.0)
+        if failure is not None:
+            found.fail("materialization.initial_values", f"{what}: {failure.message}", name=name, **failure.fields)
+        else:
             passed[name] = value
         if exp is None or not exp.random or not isinstance(value, torch.Tensor) or tuple(value.shape) != exp.shape:
             continue
-        with found.expect(f"initial shards [{name}]"):
+        with found.expect("materialization.shard_copies", f"initial shards [{name}]", name=name):
             failure, pairs, skipped = initial_values.shard_copies(value, run.cell.world_size)
             compared, too_small = compared + pairs, too_small + skipped
             assert failure is None, failure
@@ -89,7 +96,7 @@ def _like_module_init(run: CellRecord, found: Findings) -> None:
     for module, (dist, names) in pooled.items():
         if not all(n in passed for n in names):
             continue  # a member failed alone: reported already
-        with found.expect(f"initial parameters pooled [{module}]"):
+        with found.expect("materialization.pooled", f"initial parameters pooled [{module}]", module=module):
             failure, ratio = distributions.judge(torch.cat([passed[n].flatten() for n in names]), dist)
             worst = max(worst, ratio or 0.0)
             assert failure is None, f"{', '.join(names)} together: {failure}: the module draws {dist}"
@@ -112,11 +119,12 @@ def _buffer_draws(run: CellRecord, found: Findings) -> dict[str, draws.Expectati
     fixture = fixture_for(run.cell.model, run.cell.spec)
     expected = draws.buffer_expectations(lambda: fixture.build(run.cell.tie == "tied"))
     for name, exp in expected.items():
-        with found.expect(f"initial buffers [{name}]"):
-            eager_model = run.setup.eager_buffers.get(name)
-            dtype = eager_model.dtype if eager_model is not None else run.dtype
-            failure, _ = initial_values.check_values(run.setup.buffers.get(name), exp, dtype)
-            assert failure is None, failure
+        eager_model = run.setup.eager_buffers.get(name)
+        dtype = eager_model.dtype if eager_model is not None else run.dtype
+        failure, _ = initial_values.check_values(run.setup.buffers.get(name), exp, dtype)
+        if failure is not None:
+            message = f"initial buffers [{name}]: {failure.message}"
+            found.fail("materialization.initial_buffers", message, name=name, **failure.fields)
     return expected
 
 
@@ -125,7 +133,8 @@ def reset_error(cell: Cell, exc: BaseException | None) -> Findings:
     TypeError naming the module."""
     found = Findings()
     lacking = fixture_for(cell.model, cell.spec).lacks_reset
-    with found.expect("materialization of a module without reset_parameters"):
+    raised = None if exc is None else type(exc).__name__
+    with found.expect("materialization.refusal", "materialization of a module without reset_parameters", raised=raised):
         assert exc is not None, f"setup succeeded although {lacking} has no reset_parameters"
         # worded as a raise (mutants.verdict reads it so): Thunder failed here, whatever else it said
         named = f"{lacking}.reset_parameters" in str(exc)

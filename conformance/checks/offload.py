@@ -28,12 +28,12 @@ from typing import Any
 import torch
 
 from conformance.checks.area import Area
-from conformance.checks.dataflow import estimated_returned
 from conformance.checks.findings import Findings
-from conformance.checks.margins import held_slack
 from conformance.checks.memory import zero3_saves_no_gathered
-from conformance.checks.memory_plan import saved_against_plain_jit
-from conformance.checks.memory_terms import terms
+from conformance.checks.memory.against_plan import saved_against_plain_jit
+from conformance.checks.memory.arithmetic import terms
+from conformance.checks.memory.dataflow import estimated_returned
+from conformance.checks.memory.margins import held_slack
 from conformance.checks.record import CellRecord
 from conformance.checks.storages import allocations
 from conformance.checks.traces import MISSING
@@ -82,7 +82,7 @@ def check(run: CellRecord) -> Findings:
     forward, backward = traces.forward, traces.backward
     if forward is None or backward is None:  # nothing to read the plan from
         phase = "forward" if forward is None else "backward"
-        found.failures.append(f"saved tensors offloaded: {MISSING.format(phase)}")
+        found.fail("offload.trace_missing", f"saved tensors offloaded: {MISSING.format(phase)}", phase=phase)
         return found
     autograd_saved = run.memory.saved
     offloads = {b.output.name: (i, b) for i, b in enumerate(forward.bound_symbols) if b.sym.id == offload.id}
@@ -95,7 +95,7 @@ def check(run: CellRecord) -> Findings:
         chosen = list(policy.select(candidates, handed))
     expected = {t.name for t in chosen}
 
-    with found.expect("saved tensors offloaded"):
+    with found.expect("offload.selected", "saved tensors offloaded"):
         assert handed is not None, NEVER_HANDED
         assert autograd_saved is not None, "the output has no autograd node holding saved tensors"
         assert len(autograd_saved) == len(saved), (
@@ -119,7 +119,7 @@ def check(run: CellRecord) -> Findings:
             on_source = {t.name for t, kept in pairs if kept is not None and kept.device == str(run.device)}
             assert not (actual & on_source), f"offloaded tensors still on {run.device}: {_names(actual & on_source)}"
 
-    with found.expect("offload after the last forward use"):
+    with found.expect("offload.read_after_offload", "offload after the last forward use"):
         saved_names = {t.name for t in final_saved if t is not None}
         for copy, (at, bsym) in offloads.items():
             original = bsym.args[0].name
@@ -128,7 +128,7 @@ def check(run: CellRecord) -> Findings:
             assert not late, f"{original} is offloaded at bound symbol {at} but read afterwards by {', '.join(late)}"
             assert original not in saved_names, f"the forward saves {original} beside its offloaded copy {copy}"
 
-    with found.expect("load before the first backward use"):
+    with found.expect("offload.load_order", "load before the first backward use"):
         loads = {b.args[0].name: (i, b) for i, b in enumerate(backward.bound_symbols) if b.sym.id == load.id}
         never = set(offloads) - set(loads)
         assert not never, f"offloaded in the forward but never loaded in the backward: {_names(never)}"
@@ -143,7 +143,7 @@ def check(run: CellRecord) -> Findings:
             distances.append(first - at)
         found.metrics["load distance"] = {"max": max(distances, default=0), "loads": len(loads)}
 
-    with found.expect("held between forward and backward"):
+    with found.expect("offload.held", "held between forward and backward"):
         assert handed is not None, NEVER_HANDED
         # what the handed forward returns, each chosen tensor replaced by its copy: the
         # original's storage goes unless a view of it is returned too or it is an input's (a
@@ -161,7 +161,8 @@ def check(run: CellRecord) -> Findings:
         )
     if handed is not None:
         unsharded = terms(run).unsharded
-        zero3_saves_no_gathered(run, handed, unsharded, found, "held between forward and backward under ZERO3")
+        what = "held between forward and backward under ZERO3"
+        zero3_saves_no_gathered(run, handed, unsharded, found, "offload.zero3_gathered_saved", what)
         # the forward before offloading is the plan plain jit's is the reference for
         saved_against_plain_jit(run, handed, estimated_returned(handed, run.device), found)
     return found

@@ -177,7 +177,7 @@ class LossRegion:
 @dataclasses.dataclass
 class PlainPlan:
     """Plain ``thunder.jit``'s forward plan for the cell's model on this rank
-    (``conformance/rank/plain.py``)."""
+    (``conformance/rank/plain_jit.py``)."""
 
     returned: int = 0  # bytes its forward allocates and returns: the output and the tensors it saves
     saved_parameters: list[str] = dataclasses.field(default_factory=list)  # parameters it saves, by storage name

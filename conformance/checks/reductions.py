@@ -62,12 +62,20 @@ def judge_backward(
             size = f", {_bytes_of(tensor)} B" if got is not None else ""
             wrong.append(f"{kind} {i + 1} of {len(reductions)} ({name}{size}) in {got or 'no dtype'}")
     found.metrics[f"{label} {kind} dtypes"] = sorted({_proxy_dtype(_input(b)) or "none" for b in reductions})
-    with found.expect(f"{label} {kind} dtypes"):
+    with found.expect("collectives.reduction_dtype", f"{label} {kind} dtypes", phase=label, kind=kind, wrong=wrong):
         assert not wrong, f"expected the gradients' dtype {expected_dtype}, got {'; '.join(wrong)}"
     if bytes_:
         got_bytes = sum(_bytes_of(_input(b)) for b in reductions)
         expected = expected_reduced_bytes(module, world_size, replicated)
-        found.equal(f"{label} {verb} bytes", got_bytes, expected, bytes_derived(expected, world_size))
+        found.equal(
+            "collectives.bytes",
+            f"{label} {verb} bytes",
+            got_bytes,
+            expected,
+            bytes_derived(expected, world_size),
+            phase=label,
+            kind=kind,
+        )
 
 
 def bytes_derived(expected: int, world_size: int) -> dict[str, float]:

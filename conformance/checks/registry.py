@@ -15,7 +15,7 @@ from conformance.checks import (
 )
 from conformance.checks.area import Area
 from conformance.matrix.cells import Cell
-from conformance.matrix.plan import expects_reset_error
+from conformance.matrix.initialization import expects_reset_error
 
 AREAS: dict[str, Area] = {
     area.name: area

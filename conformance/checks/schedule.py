@@ -139,7 +139,7 @@ def judge(found: Findings, label: str, trace: Any, zero3: bool = False) -> None:
     line = timeline(trace)
     issue_at_wait = {i.waited: i for i in line.issues if i.waited is not None}
     early = waited_early(line, issue_at_wait)
-    with found.expect(f"{label} waits on a collective"):
+    with found.expect("schedule.stray_wait", f"{label} waits on a collective", trace=label):
         assert not line.stray_waits, (
             f"{len(line.stray_waits)} waits on futures no collective of this trace issued "
             f"({line.stray_waits[0][1]} at bound symbol {line.stray_waits[0][0]} first)"
@@ -169,13 +169,14 @@ def judge(found: Findings, label: str, trace: Any, zero3: bool = False) -> None:
             "wait-to-first-use distance": {"max": max(to_use, default=0)},
             "results unused": len(issues) - len(to_use),
         }
-        with found.expect(f"{label} {kind}s asynchronous"):
+        where = {"trace": label, "kind": kind}
+        with found.expect("schedule.synchronous", f"{label} {kind}s asynchronous", **where):
             assert not sync, _count(sync, len(issues), "issued synchronously (no future to wait on)")
-        with found.expect(f"{label} {kind}s waited"):
+        with found.expect("schedule.never_waited", f"{label} {kind}s waited", **where):
             assert not never, _count(never, len(issues), "never waited in this trace")
-        with found.expect(f"{label} {kind}s issued when ready"):
+        with found.expect("schedule.issued_late", f"{label} {kind}s issued when ready", **where):
             assert not late, _count(late, len(issues), "issued later than their inputs allow")
-        with found.expect(f"{label} {kind} waits when needed"):
+        with found.expect("schedule.waited_early", f"{label} {kind} waits when needed", **where):
             early_ones = early.get(kind, [])
             assert not early_ones, _count(early_ones, len(issues), "waited before compute that does not need them")
 
@@ -183,7 +184,7 @@ def judge(found: Findings, label: str, trace: Any, zero3: bool = False) -> None:
 def check(run: CellRecord | SimulatedRecord) -> Findings:
     found = Findings()
     traces = labelled_traces(run)
-    with found.expect("traces"):
+    with found.expect("schedule.no_trace", "traces"):
         assert traces, "Thunder kept no trace of the cell"
     zero3 = run.cell.sharding == "zero3"
     for label, trace in traces:

@@ -38,7 +38,7 @@ def check(run: SimulatedRecord) -> Findings:
     for name, full in distinct_storages(run.eager_model).items():
         chunk = patterns.chunk_rows(full.shape[0], world)
         want_shape = (chunk, *full.shape[1:])
-        with found.expect(f"shard [{name}]"):
+        with found.expect("sharding.shard", f"shard [{name}]", name=name):
             try:
                 got = tm.get_parameter(name)
             except AttributeError:
@@ -60,7 +60,7 @@ def check(run: SimulatedRecord) -> Findings:
                     f"expected rows {rows.start}..{rows.stop - 1}"
                 )
     held_bytes = sum(p.numel() * p.element_size() for p in tm.parameters())
-    found.equal("shard bytes", held_bytes, shard_bytes(run.eager_model, world))
+    found.equal("sharding.bytes", "shard bytes", held_bytes, shard_bytes(run.eager_model, world))
     # the model's shapes, for the reports to draw its arithmetic at every world size
     found.metrics["model"] = {
         "storages": [

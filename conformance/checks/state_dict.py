@@ -23,6 +23,10 @@ from conformance.checks.findings import Findings, identical
 from conformance.checks.record import CellRecord, Tensors
 from conformance.checks.storages import tied_duplicates
 
+TENSOR = "state_dict.tensor"  # a tensor of a state dict, or of a module loaded from one, off from the truth
+RAISED = "state_dict.raised"  # Thunder raised taking, resuming from or loading a checkpoint
+EXACT = {"rtol": 0.0, "atol": 0.0}
+
 
 def check(run: CellRecord) -> Findings:
     found = Findings()
@@ -33,14 +37,18 @@ def check(run: CellRecord) -> Findings:
     gathered = {**record.buffers, **(record.gathered or run.steps[-1].after.thunder)}
     on_shards = {k: v for k, v in gathered.items() if k in expected}
     _entries(found, "original_state_dict", record.original, on_shards, set(expected), set(record.eager_model))
-    found.close("load_original_state_dict round trip", record.reloaded, record.loaded, rtol=0.0, atol=0.0)
+    round_trip = {"dict": "load_original_state_dict", "stage": "round trip"}
+    found.close(
+        TENSOR, "load_original_state_dict round trip", record.reloaded, record.loaded, fields=round_trip, **EXACT
+    )
     # the persistent buffers loaded with them: known values (conformance/rank/entry.py), every rank
     found.close(
+        TENSOR,
         "load_original_state_dict round trip: buffers",
         record.reloaded_buffers,
         record.loaded_buffers,
-        rtol=0.0,
-        atol=0.0,
+        fields={**round_trip, "stage": "round trip: buffers"},
+        **EXACT,
     )
     if run.scenario is not None:
         for resumed in run.scenario.resumed:
@@ -54,17 +62,18 @@ def _entries(found: Findings, what: str, got: Tensors, truth: Tensors, required:
     """A state dict Thunder gave against what the kit gathered: every ``required`` key there
     and none outside ``allowed`` (``what keys``), and, exactly, the value of every key both
     hold (``what after training``: a key missing or unexpected is the keys' finding)."""
-    with found.expect(f"{what} keys"):
-        missing = sorted(required - set(got))
-        extra = sorted(set(got) - allowed)
+    missing = sorted(required - set(got))
+    extra = sorted(set(got) - allowed)
+    with found.expect("state_dict.keys", f"{what} keys", dict=what, missing=missing, unexpected=extra):
         assert not missing and not extra, f"missing {missing}, unexpected {extra}"
     both = set(got) & set(truth)
     found.close(
+        TENSOR,
         f"{what} after training",
         {k: v for k, v in got.items() if k in both},
         {k: v for k, v in truth.items() if k in both},
-        rtol=0.0,
-        atol=0.0,
+        fields={"dict": what, "stage": "after training"},
+        **EXACT,
     )
 
 
@@ -76,15 +85,26 @@ def judge_resumed(found: Findings, resumed: Resumed, eager_keys: set[str]) -> No
     what = f"{resumed.kind} checkpoint"
     if resumed.api_error is not None:
         kind = resumed.api_error.split(":", 1)[0]
-        found.failures.append(
-            f"{what}: thunder.distributed.checkpoint.get_model_state_dict raised {kind}\n{resumed.api_error}"
-        )
+        call = "thunder.distributed.checkpoint.get_model_state_dict"
+        message = f"{what}: {call} raised {kind}\n{resumed.api_error}"
+        found.fail(RAISED, message, dict=what, stage="taken", call=call, raised=kind)
     _entries(found, what, resumed.taken, resumed.truth, set(resumed.truth), eager_keys)
     if resumed.error is not None:
         # the first line names the kind of refusal (what an xfails entry pins), the next what Thunder said
-        found.failures.append(f"{what} resumed: Thunder raised {resumed.error.split(':', 1)[0]}\n{resumed.error}")
+        kind = resumed.error.split(":", 1)[0]
+        found.fail(
+            RAISED, f"{what} resumed: Thunder raised {kind}\n{resumed.error}", dict=what, stage="resumed", raised=kind
+        )
     for moment in resumed.compared:
-        found.close(f"{what} resumed: {moment.what}", moment.resumed, moment.uninterrupted, rtol=0.0, atol=0.0)
+        stage = f"resumed: {moment.what}"
+        found.close(
+            TENSOR,
+            f"{what} {stage}",
+            moment.resumed,
+            moment.uninterrupted,
+            fields={"dict": what, "stage": stage},
+            **EXACT,
+        )
 
 
 def judge_rank0_only(found: Findings, record: RankZeroOnly, eager_keys: set[str]) -> None:
@@ -97,16 +117,28 @@ def judge_rank0_only(found: Findings, record: RankZeroOnly, eager_keys: set[str]
         if record.rank == 0:
             _entries(found, what, record.taken, record.truth, set(record.truth), eager_keys)
         else:
-            with found.expect(f"{what}: rank {record.rank} takes nothing"):
+            with found.expect(
+                "state_dict.rank_takes_something", f"{what}: rank {record.rank} takes nothing", dict=what
+            ):
                 assert not record.taken, f"it took {len(record.taken)} tensors: {sorted(record.taken)[:4]}"
     if record.error is not None:
-        found.failures.append(f"{what} loaded: Thunder raised {record.error.split(':', 1)[0]}\n{record.error}")
+        kind = record.error.split(":", 1)[0]
+        found.fail(
+            RAISED, f"{what} loaded: Thunder raised {kind}\n{record.error}", dict=what, stage="loaded", raised=kind
+        )
         return
     kept = record.rank != 0 and record.loaded.keys() == record.untouched.keys()
     if kept and all(identical(t, record.untouched[n]) for n, t in record.loaded.items()):
         return
     whose = "rank 0's" if record.rank == 0 else f"rank {record.rank}'s, given nothing, neither kept nor"
-    found.close(f"{what} loaded: {whose} the checkpoint", record.loaded, record.checkpoint, rtol=0.0, atol=0.0)
+    found.close(
+        TENSOR,
+        f"{what} loaded: {whose} the checkpoint",
+        record.loaded,
+        record.checkpoint,
+        fields={"dict": what, "stage": "loaded"},
+        **EXACT,
+    )
 
 
 AREA = Area("state_dict", check)

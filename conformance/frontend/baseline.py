@@ -1,6 +1,7 @@
-"""--baseline: the run in progress against an earlier report. A memory item fails where a
-phase's measured peak grew beyond run-to-run noise over the baseline's (the thresholds and
-their measurement: ``reports/noise.py``); the whole comparison goes to summary.md and
+"""--baseline: the run in progress against an earlier report. Each area that judges a cell
+against an earlier run of it (``Area.against_baseline``) gets that run's metrics of the cell
+and the run-to-run noise of each (the thresholds and their measurement: ``reports/noise.py``);
+the whole comparison goes to summary.md and
 compare.json at session end, where capability lost sets exit status 1 (``reports/writer.py``).
 The cells that failed or regressed there run first, and its times order the rest
 (conformance/matrix/order.py)."""
@@ -13,18 +14,21 @@ from pathlib import Path
 
 import pytest
 
+from conformance.checks.area import Area
+from conformance.checks.findings import Failure, Findings
 from conformance.matrix.cost import measured_seconds
 from conformance.reports.comparison import UnreadableReport, metrics, read_report
-from conformance.reports.noise import MEMORY, noise
+from conformance.reports.noise import noise
 
 
 @dataclasses.dataclass(frozen=True)
 class Baseline:
-    """What the run reads of an earlier report: each cell's memory peaks (a peak grown beyond
-    noise fails), which cells failed or moved there (they run first) and what each cell took
-    (the order's costs)."""
+    """What the run reads of an earlier report: each cell's metrics per area (the areas judge
+    them), which cells failed or moved there (they run first) and what each cell took (the
+    order's costs)."""
 
-    peaks: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # cell -> phase -> bytes
+    # (cell, area) -> metric -> (its kind of noise, its value): what reports/comparison.py reads
+    metrics: dict[tuple[str, str], dict[str, tuple[str, float]]] = dataclasses.field(default_factory=dict)
     first: frozenset[str] = frozenset()  # cells that failed, erred or regressed beyond noise there
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # cell -> its items' time there
 
@@ -39,13 +43,13 @@ def load(path: Path | None) -> Baseline:
         report = read_report(path)
     except UnreadableReport as e:
         raise pytest.UsageError(f"--baseline {e}") from None
-    peaks: dict[str, dict[str, int]] = {}
-    for (cell, area, metric), (_, value) in metrics(report["cells"]).items():
-        if area == MEMORY and metric.endswith(" peak"):
-            peaks.setdefault(cell, {})[metric.removesuffix(" peak")] = value
+    measured: dict[tuple[str, str], dict[str, tuple[str, float]]] = {}
+    for (cell, area, metric), (kind, value) in metrics(report["cells"]).items():
+        if area is not None:
+            measured.setdefault((cell, area), {})[metric] = (kind, value)
     first = {c["cell"] for c in report["cells"] if c.get("cell") and c["outcome"] in ("failed", "error")}
     first |= _regressed((path if path.is_dir() else path.parent) / "compare.json")
-    return Baseline(peaks, frozenset(first), measured_seconds(report["cells"]))
+    return Baseline(measured, frozenset(first), measured_seconds(report["cells"]))
 
 
 def _regressed(compare: Path) -> set[str]:
@@ -60,19 +64,14 @@ def _regressed(compare: Path) -> set[str]:
         return set()
 
 
-def grown(before: dict[str, int] | None, measured: dict[str, int]) -> list[str]:
-    """Phases whose peak grew beyond noise over ``before`` (the cell's baseline peaks, if any)."""
-    if before is None:
+def judged(area: Area, cell: str, before: Baseline, now: Findings) -> list[Failure]:
+    """What ``area`` finds of ``cell`` against the baseline's run of it (nothing where the area
+    does not judge baselines or the baseline did not run the cell)."""
+    earlier = before.metrics.get((cell, area.name))
+    if area.against_baseline is None or earlier is None:
         return []
-    found = []
-    for phase, now in measured.items():
-        threshold = noise(MEMORY, f"{phase} peak")
-        if phase in before and now > before[phase] and threshold.beyond(before[phase], now):
-            found.append(
-                f"{phase} peak grew from {before[phase]} to {now} bytes over the baseline "
-                f"(run-to-run noise: {threshold.describe()})"
-            )
-    return found
+    values = {metric: value for metric, (_, value) in earlier.items()}
+    return area.against_baseline(values, now, lambda metric: noise(earlier[metric][0], metric))
 
 
 def selects_all(config: pytest.Config) -> bool:

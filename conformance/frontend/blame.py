@@ -77,6 +77,14 @@ def instrumentation(frame: Frame) -> bool:
     return (path.relative_to(ROOT).as_posix(), frame.function) in INSTRUMENTATION
 
 
+def in_thunder(frame: Frame) -> str:
+    """``frame``'s file from Thunder's package on (``thunder/executors/torchex.py``), as an
+    xfails entry's ``raises`` names it; the file as it is where it is not Thunder's."""
+    root = _thunder_root()
+    path = Path(frame.file).resolve()
+    return path.relative_to(root.parent).as_posix() if root is not None and path.is_relative_to(root) else frame.file
+
+
 def blame(frames: Iterable[Mapping[str, Any]] | None) -> Blame:
     """The owner of the innermost frame that is the kit's or Thunder's (frames outermost first),
     the kit's instrumentation passed over where it only forwarded a call that raised."""

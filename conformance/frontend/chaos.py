@@ -1,7 +1,7 @@
 """``--chaos SEED``: the kit tested on itself, for nightly. In a seeded share of the run's
 cells one process of the world is killed (SIGKILL) the moment it enters a phase drawn from
 those a cell passes through (conformance/rank/progress.py names them; the rank side is
-conformance/rank/chaos.py). Such a cell must end naming that rank and phase, and is then
+conformance/rank/faults.py). Such a cell must end naming that rank and phase, and is then
 reported xfailed ("lost as planned"); every other cell must end as a clean run's does, which
 ``python -m conformance.compare CLEAN CHAOS`` shows item by item.
 
@@ -25,7 +25,7 @@ from conformance.reports.outcomes import CHAOS_LOST, CHAOS_MISREPORTED, CHAOS_NO
 from conformance.world import protocol
 from conformance.world.outcome import Outcome
 
-LOSE = "conformance.rank.chaos:lose"  # named, never imported here: the ranks import it
+LOSE = "conformance.rank.faults:lose"  # named, never imported here: the ranks import it
 # Parts of the phase names a cell passes through (a simulated cell's "forward and backward"
 # holds two): setup, its record, a training step's parts, the scenario, the round trip, the
 # checks. A phase the cell lacks (an inference scenario's backward) leaves it unfaulted.
@@ -43,7 +43,7 @@ PHASES = (
 DEFAULT_SHARE = 0.1
 # how the process is lost: killed, or stopped (SIGSTOP: given up after the controller's
 # STOP_GRACE_S, a few seconds more per faulted cell)
-DRAWN_HOW = ("kill", "stop")  # of conformance/rank/chaos.py's HOW: a node is lost only across machines
+DRAWN_HOW = ("kill", "stop")  # of conformance/rank/faults.py's HOW: a node is lost only across machines
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from conformance.checks.findings import Failure
 from conformance.frontend.xfails import Expectation
 from conformance.matrix.cells import Cell
 
@@ -54,12 +54,11 @@ def known_elsewhere(
     thunder_version: str | None,
     backend: str | None,
     entries: list[Expectation],
-    unexpected: list[str],
-    derived: Mapping[str, Mapping[str, float]] | None = None,
+    unexpected: list[Failure],
 ) -> list[KnownElsewhere]:
     """The entries naming ``cell``'s ``area`` that do not hold for ``thunder_version`` but would
-    explain some of the ``unexpected`` failures (those no entry holding for it explains; their
-    numbers checked against ``derived``: failure -> what the kit derived), one each, in file order."""
+    explain some of the ``unexpected`` failures (those no entry holding for it explains), one
+    each, in file order."""
     if thunder_version is None:
         tested = "; the version under test is unknown"
     else:
@@ -72,11 +71,7 @@ def known_elsewhere(
     for entry in entries:
         if entry.holds_for(thunder_version) or not entry.names(cell, area, backend):
             continue
-        explained = [
-            head(failure)
-            for failure in unexpected
-            if entry.explains(failure, (derived or {}).get(failure), cell, backend)
-        ]
+        explained = [head(failure.message) for failure in unexpected if entry.explains(failure, cell, backend)]
         if not explained:
             continue
         which = ""

@@ -1,15 +1,22 @@
-"""The templates of xfails entries (conformance/frontend/xfails.py): one whole failure
-message each, literal text with placeholders, none of them free:
+"""The failures an xfails entry expects (conformance/frontend/xfails.py): each a table naming
+a failure's stable ``code`` and every one of its fields, none of them free, never its message
+(messages are for people and may be reworded without touching an entry):
 
-- ``{key}`` (or ``{key+1}``, ``{key-2}``): the number the kit derived under ``key`` for that
-  failure (conformance/checks/derived.py names them: ``expected``, ``unbucketed``, ...);
-- ``{lo..hi}``: a number within the bounds, inclusive, each a literal (``0``, ``0.05``,
-  ``inf``) or a derived ``key`` (``{1..expected}``): for what is measured, not derived;
-- ``{name: a.weight, b.bias}``: one of the tensors listed.
+    { code = "collectives.count", phase = "forward", kind = "all_gather", got = "{unbucketed}",
+      alternative = "unbucketed", when = { scenario = ["infer"] } }
 
-A pinned number is written as itself (``got 0``); ``{}`` and ``{name}`` are refused. A
-failure given as a table ``{template = "...", when = {axis = [values]}}`` shows only in the
-cells its ``when`` names, within its entry's."""
+A field's value is either written as itself (a string, a number, ``nan``, a list), which the
+failure's must equal, or constrained:
+
+- ``"{key}"`` (or ``"{key+1}"``, ``"{key-2}"``): the number the kit derived under ``key`` for
+  that failure (conformance/checks/derived.py names them: ``expected``, ``unbucketed``, ...);
+- ``"{lo..hi}"``: a number within the bounds, inclusive, each a literal (``0``, ``0.05``,
+  ``inf``) or a derived ``key`` (``"{1..expected}"``): for what is measured, not derived;
+- ``{ one_of = ["a.weight", "b.bias"] }``: one of the values listed (tensor names).
+
+``"{}"`` is refused. A failure whose fields the table does not name one by one, or that has
+fields the table does not name, is not the one expected. ``when`` (optional) names the cells
+the failure shows in, within its entry's."""
 
 from __future__ import annotations
 
@@ -17,60 +24,21 @@ import dataclasses
 import math
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from conformance.checks.derived import DERIVED
+from conformance.checks.findings import RESERVED, Failure
 from conformance.matrix.cells import AXES, Cell
 
 # the number a numeric placeholder captures: an int or decimal, optionally signed, with an
 # exponent, or a float that is not finite (a check prints nan and inf as they are)
 NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
-# one parameter, buffer or output name (dotted, as checks print it)
-NAME = r"[\w.]+"
 # what ``when`` may name beside the axes: the process group backend of the session (a failure
 # that only one backend's devices show: a CUDA-only code path on a gloo world of CPUs)
 BACKEND = "backend"
 # beside the axes: whether the cell is a simulated world (which checks setup only)
 SIMULATED = "simulated"
 WHEN_KEYS = (BACKEND, SIMULATED)
-
-
-def template_pattern(template: str) -> re.Pattern[str]:
-    """The regex a failure message must match in full (its numeric placeholders as groups);
-    raises ValueError for a template ``parse`` refuses."""
-    return parse(template)[0]
-
-
-def parse(template: str) -> tuple[re.Pattern[str], tuple[Placeholder | None, ...]]:
-    """``template``'s regex (each placeholder one group) and, per group, the constraint its
-    number must meet (None for a ``{name: ...}`` list, which the regex alone decides)."""
-    if not template.strip():
-        raise ValueError("a template is empty")
-    pattern: list[str] = []
-    constraints: list[Placeholder | None] = []
-    for i, part in enumerate(re.split(r"(\{[^{}]*\})", template)):
-        if i % 2 == 0:
-            if "{" in part or "}" in part:
-                raise ValueError(f"template {template!r}: a brace outside a placeholder")
-            pattern.append(re.escape(part))
-            continue
-        body = part[1:-1].strip()
-        if not body:
-            raise ValueError(
-                f"template {template!r}: a free {{}} excuses any number: name what the kit derived "
-                "({expected}) or give a range ({0..0.05})"
-            )
-        if body == "name":
-            raise ValueError(f"template {template!r}: {{name}} excuses any tensor: list them ({{name: a.weight, b}})")
-        if body.startswith("name:"):
-            names = [n.strip() for n in body.removeprefix("name:").split(",")]
-            if not all(re.fullmatch(NAME, n) for n in names):
-                raise ValueError(f"template {template!r}: {part} must list tensor names separated by commas")
-            pattern.append("(" + "|".join(map(re.escape, names)) + ")")
-            constraints.append(None)
-            continue
-        pattern.append(f"({NUMBER})")
-        constraints.append(Placeholder.parse(body, template))
-    return re.compile("".join(pattern)), tuple(constraints)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,35 +99,115 @@ class Placeholder:
 
 
 @dataclasses.dataclass(frozen=True)
-class Template:
-    """One failure an entry expects: its text, the cells it shows in beside the entry's
-    (``when``, {} = all of them) and where it is written (FILE:LINE)."""
+class Literal:
+    """A field's value written as itself: the failure's must equal it (a NaN equals NaN, an
+    integer the same float)."""
 
-    text: str
+    value: Any
+
+    def holds(self, value: Any, derived: Mapping[str, float]) -> bool:
+        return _same(self.value, value)
+
+    def show(self) -> str:
+        return repr(self.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    """A field's value among those listed (``{ one_of = [...] }``)."""
+
+    values: tuple[Any, ...]
+
+    def holds(self, value: Any, derived: Mapping[str, float]) -> bool:
+        return any(_same(v, value) for v in self.values)
+
+    def show(self) -> str:
+        return f"one of {len(self.values)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Number:
+    """A field's number constrained by a placeholder (``"{expected}"``, ``"{1..expected-1}"``)."""
+
+    placeholder: Placeholder
+    written: str
+
+    def holds(self, value: Any, derived: Mapping[str, float]) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        return self.placeholder.holds(str(value), derived)
+
+    def show(self) -> str:
+        return self.written
+
+
+Matcher = Literal | OneOf | Number
+
+
+def matcher(value: Any, template: str) -> Matcher:
+    """How a field's value as written constrains the failure's; ValueError for one refused."""
+    if isinstance(value, dict):
+        if set(value) != {"one_of"} or not isinstance(value["one_of"], list) or not value["one_of"]:
+            raise ValueError(f"template {template}: a table value must be {{ one_of = [values] }}")
+        return OneOf(tuple(value["one_of"]))
+    if isinstance(value, str) and re.fullmatch(r"\{[^{}]*\}", value.strip()):
+        body = value.strip()[1:-1].strip()
+        if not body:
+            raise ValueError(
+                f"template {template}: a free {{}} excuses any number: name what the kit derived "
+                '("{expected}") or give a range ("{0..0.05}")'
+            )
+        return Number(Placeholder.parse(body, template), value.strip())
+    if isinstance(value, dict | list) and not _plain(value):
+        raise ValueError(f"template {template}: {value!r} is no value a failure holds")
+    return Literal(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Template:
+    """One failure an entry expects: its code, a matcher per field, the cells it shows in
+    beside the entry's (``when``, {} = all of them) and where it is written (FILE:LINE)."""
+
+    code: str
+    fields: dict[str, Matcher] = dataclasses.field(default_factory=dict)
     when: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     source: str = "<xfails>"
-    pattern: re.Pattern[str] = dataclasses.field(default=None, compare=False, repr=False)  # type: ignore[assignment]
-    placeholders: tuple[Placeholder | None, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
-    def __post_init__(self) -> None:
-        if self.pattern is None:
-            pattern, placeholders = parse(self.text)
-            object.__setattr__(self, "pattern", pattern)
-            object.__setattr__(self, "placeholders", placeholders)
+    @property
+    def text(self) -> str:
+        """The template as people read it: its code and fields."""
+        return f"{self.code} {{{', '.join(f'{k}={m.show()}' for k, m in self.fields.items())}}}"
 
     def names(self, cell: Cell, backend: str | None = None) -> bool:
         return when_names(self.when, cell, backend)
 
-    def matches(self, failure: str, derived: Mapping[str, float] | None = None) -> bool:
-        """Whether the first line of ``failure`` is this template in full, each number the
-        one the kit derived for it (``derived``) or within its range."""
-        # the first line: assert_close's detail lines below it (mismatch counts, the greatest
-        # difference) describe the tensors, not what failed
-        m = self.pattern.fullmatch(failure.split("\n", 1)[0])
-        if m is None:
+    def matches(self, failure: Failure) -> bool:
+        """Whether ``failure`` is this one: the same code, the same fields, each as its matcher
+        requires (numbers against what the kit derived for that failure)."""
+        if failure.code != self.code or set(failure.fields) != set(self.fields):
             return False
-        numbers = zip(m.groups(), self.placeholders, strict=True)
-        return all(p is None or p.holds(x, derived or {}) for x, p in numbers)
+        return all(m.holds(failure.fields[k], failure.derived) for k, m in self.fields.items())
+
+
+def _same(written: Any, value: Any) -> bool:
+    if isinstance(written, list) or isinstance(value, list):
+        return (
+            isinstance(written, list)
+            and isinstance(value, list)
+            and len(written) == len(value)
+            and all(_same(a, b) for a, b in zip(written, value, strict=True))
+        )
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (written, value))
+    if numbers:
+        return written == value or (math.isnan(written) and math.isnan(value))
+    return type(written) is type(value) and written == value
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` holds only what a failure's fields hold (strings, numbers, booleans, lists)."""
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return isinstance(value, str | int | float | bool)
 
 
 def when_names(when: Mapping[str, list[str]], cell: Cell, backend: str | None) -> bool:
@@ -168,26 +216,79 @@ def when_names(when: Mapping[str, list[str]], cell: Cell, backend: str | None) -
     return all(str(value(axis)) in map(str, values) for axis, values in when.items())
 
 
-TEMPLATE_FIELDS = ("template", "when")  # a failure given as a table: its template and the cells it shows in
+@dataclasses.dataclass(frozen=True)
+class Raise:
+    """What a cell raised in Thunder's code: the exception's type (``module.Name``, a builtin
+    by its name), its message, and the innermost frame of Thunder's on its traceback (the file
+    from Thunder's package on, ``thunder/executors/torch_compile.py``, and the function)."""
+
+    type: str
+    message: str
+    file: str
+    function: str
+
+
+RAISE_FIELDS = ("type", "message", "at")
+
+
+@dataclasses.dataclass(frozen=True)
+class RaiseTemplate:
+    """The raise a ``raises`` entry expects: the exception's ``type`` in full, text its message
+    holds (a raise's message names what Thunder was compiling, which changes from cell to
+    cell), and ``at``, the Thunder frame it comes from: ``thunder/...py`` or
+    ``thunder/...py:function``. It matches no failure of a cell that ran to completion."""
+
+    type: str
+    message: str
+    at: str
+    when: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    source: str = "<xfails>"
+
+    @property
+    def text(self) -> str:
+        return f"raises {self.type} at {self.at}: {self.message!r}"
+
+    def names(self, cell: Cell, backend: str | None = None) -> bool:
+        return when_names(self.when, cell, backend)
+
+    def matches(self, failure: Failure) -> bool:
+        return False
+
+    def raised(self, raised: Raise) -> bool:
+        """Whether ``raised`` is this raise: the same type, from the same frame, its message
+        holding this one's text."""
+        file, _, function = self.at.partition(":")
+        at = raised.file == file and (not function or raised.function == function)
+        return raised.type == self.type and self.message in raised.message and at
+
+
+def raise_of(raw: object, where: str) -> RaiseTemplate:
+    """An xfails entry's ``raises`` table; ValueError saying what is wrong with it."""
+    if not isinstance(raw, dict) or set(raw) != set(RAISE_FIELDS):
+        raise ValueError(f"raises is a table of {', '.join(RAISE_FIELDS)}, each a non-empty string")
+    if not all(isinstance(v, str) and v.strip() for v in raw.values()):
+        raise ValueError(f"raises: {', '.join(RAISE_FIELDS)} must each be a non-empty string (none is free)")
+    if not raw["at"].partition(":")[0].endswith(".py"):
+        where_from = "thunder/...py or thunder/...py:function"
+        raise ValueError(f"raises: at {raw['at']!r} names no file of Thunder's ({where_from})")
+    return RaiseTemplate(raw["type"], raw["message"], raw["at"], source=where)
 
 
 def template_of(raw: object, where: str) -> Template:
-    """One entry of an xfails entry's ``failures``: a template string or a {template, when}
-    table; ValueError saying what is wrong with it."""
-    if isinstance(raw, str):
-        return Template(raw, source=where)
-    if not isinstance(raw, dict):
-        raise ValueError("each failure is a template string or a {template, when} table")
-    unknown = sorted(set(raw) - set(TEMPLATE_FIELDS))
-    if unknown or not isinstance(raw.get("template"), str):
-        raise ValueError(f"a failure given as a table has the fields {', '.join(TEMPLATE_FIELDS)} (template required)")
+    """One entry of an xfails entry's ``failures``: a {code, fields..., when} table (``code``
+    and ``when`` are RESERVED: every other key is a field); ValueError saying what is wrong
+    with it."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("code"), str) or not raw["code"].strip():
+        raise ValueError('each failure is a table { code = "...", <field> = <value>, ..., when = {...} }')
     when = raw.get("when", {})
     if not isinstance(when, dict):
-        raise ValueError("a template's when must be a table of axis = [values]")
+        raise ValueError("a failure's when must be a table of axis = [values]")
     problem = when_problem(when)
     if problem:
         raise ValueError(problem)
-    return Template(raw["template"], dict(when), source=where)
+    code = raw["code"]
+    fields = {k: matcher(v, f"{code} at {where}") for k, v in raw.items() if k not in RESERVED}
+    return Template(code, fields, dict(when), source=where)
 
 
 def when_problem(when: Mapping[str, object]) -> str | None:

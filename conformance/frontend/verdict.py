@@ -1,23 +1,25 @@
 """The verdict of one item: run (or reuse) its cell, then hold one check area of it to
-account. Failures are grouped by message across ranks; those that an xfails entry names
-become an expected failure, any other fails the item with a one-line repro, and an item that
-an entry covers but that conforms fails too, naming the stale entry by FILE:LINE."""
+account through the area's hooks alone (its checks' findings per rank, its judgment across
+ranks and against a baseline). Failures are grouped by message across ranks; those whose
+code and fields an xfails entry names become an expected failure, any other fails the item
+with a one-line repro, and an item that an entry covers but that conforms fails too, naming
+the stale entry by FILE:LINE."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
-from collections.abc import Iterator
 
 import pytest
 
-from conformance.checks.collectives import SEQUENCE
-from conformance.checks.findings import CellResult, returned_wrong
+from conformance.checks.findings import CellResult, Failure, returned_wrong
 from conformance.checks.registry import AREAS, applies
 from conformance.frontend import baseline, ledger
-from conformance.frontend.blame import KIT, THUNDER, Blame, KitError, blame
+from conformance.frontend.blame import KIT, THUNDER, Blame, KitError, blame, in_thunder
 from conformance.frontend.known_elsewhere import explains_all, known_elsewhere
 from conformance.frontend.runner import Runner
+from conformance.frontend.templates import Raise
 from conformance.frontend.xfails import Expectation, KnownNonConformance
 from conformance.matrix import simulated
 from conformance.matrix.cells import Cell
@@ -79,22 +81,25 @@ class Conformance:
             _raise_if_kit(cell, area, outcome, repro)
             names = _rank_names(cell, len(outcome.results))
             head = f"cell {cell.id} did not run to completion{_lost(outcome, names) or _thunder_raised(outcome)}"
-            pytest.fail(f"{head}\n{outcome.describe(names)}\n{repro}", pytrace=False)
+            others = self._expected_raise(cell, area, outcome, f"{head}  [expected: xfails]\n{repro}")
+            pytest.fail("\n".join([head, outcome.describe(names), *others, repro]), pytrace=False)
         results = [a for a in answers if a is not None]
         unsupported = {r.unsupported for r in results if r.unsupported is not None}
         if unsupported:
             pytest.skip(UNSUPPORTED + " | ".join(sorted(unsupported)))
         ranks = _rank_names(cell, len(results))
-        failures = _by_message(
-            (rank, msg) for rank, r in zip(ranks, results, strict=True) for msg in r.areas[area].failures
-        )
-        # what the kit derived for each failure, as the first rank that reports it derived it
-        derived: dict[str, dict[str, float]] = {}
-        for r in reversed(results):
-            derived.update(r.areas[area].derived)
-        if area == "collectives":
-            for msg, differing in _sequences_differ(ranks, results):
-                failures.setdefault(msg, []).extend(differing)
+        judged = AREAS[area]
+        failures = Grouped()
+        for rank, r in zip(ranks, results, strict=True):
+            for failure in r.areas[area].found:
+                failures.add(failure, [rank])
+        if judged.across_ranks is not None:
+            answered = [
+                (rank, r.areas[area]) for rank, r in zip(ranks, results, strict=True) if r.areas[area].crash is None
+            ]
+            if answered:
+                for across in judged.across_ranks([rank for rank, _ in answered], [f for _, f in answered]):
+                    failures.add(across.failure, across.ranks)
         for rank, result in zip(ranks, results, strict=True):
             if (crash := result.areas[area].crash) is None:
                 continue
@@ -103,53 +108,68 @@ class Conformance:
                 raise KitError(_kit_message(cell, area, who, f"rank {rank}: a check raised", crash.error))
             # a check asked Thunder (its traces, its state dict) and Thunder raised: its failure
             last = crash.error.strip().splitlines()[-1]
-            failures.setdefault(f"asking Thunder raised at {who.frame}: {last}", []).append(rank)
-        if area == "memory":
-            measured = results[0].areas[area].metrics["measured"]
-            for msg in baseline.grown(self.runner.baseline.peaks.get(cell.id), measured):
-                failures.setdefault(msg, []).append(0)
-        self._judge(cell, area, failures, repro, record, derived)
+            frame = who.frame
+            at = f"{in_thunder(frame)}:{frame.function}" if frame is not None else "?"
+            message = f"asking Thunder raised at {frame}: {last}"
+            fields = {"at": at, "raised": last.split(":", 1)[0]}
+            failures.add(Failure(f"{area}.thunder_raised", message, fields), [rank])
+        for failure in baseline.judged(judged, cell.id, self.runner.baseline, results[0].areas[area]):
+            failures.add(failure, [0])
+        self._judge(cell, area, failures, repro, record)
 
-    def _judge(
-        self,
-        cell: Cell,
-        area: str,
-        failures: dict[str, list[int]],
-        repro: str,
-        record: bool,
-        derived: dict[str, dict[str, float]] | None = None,
-    ) -> None:
-        """The item's verdict on its failures (message -> ranks; ``derived``: message -> what
-        the kit derived for it): conforms (returns), known (KnownNonConformance), stale or not
-        conforming (pytest.fail). Which templates named the cell and which matched go to the
-        item's ``xfail_templates`` property, for the run's ledger (frontend/ledger.py)."""
-        derived = derived or {}
+    def _expected_raise(self, cell: Cell, area: str, outcome: Outcome, known_message: str) -> list[str]:
+        """A cell that ended with Thunder's raise: KnownNonConformance where a ``raises`` entry
+        holding for the cell expects that raise; else the lines naming the raises the entries
+        covering it expect instead (none: no entry expects one). Either way the ledger learns
+        which raise templates named the cell and which matched."""
+        backend = self.runner.session.backend
+        known = self.runner.known(cell, area)
+        named = [(e.source, i) for e in known for i in e.raise_templates_for(cell, backend)]
+        raised = _raise_of(outcome)
+        matched = [] if raised is None else [(e.source, i) for e in known for i in e.raising(raised, cell, backend)]
+        if named:
+            ledger.note(self.node, named, {"raise": matched})
+        if matched:
+            raise KnownNonConformance(known_message)
+        what = "no raise of Thunder's" if raised is None else f"{raised.type} at {raised.file}:{raised.function}"
+        return [
+            f"{e.source}: expects {e.templates[i].text}, not {what}"
+            for e in known
+            for i in e.raise_templates_for(cell, backend)
+        ]
+
+    def _judge(self, cell: Cell, area: str, failures: Grouped, repro: str, record: bool) -> None:
+        """The item's verdict on its failures (grouped by message across ranks): conforms
+        (returns), known (KnownNonConformance), stale or not conforming (pytest.fail). Entries
+        match a failure's code and fields, never its message. Which templates named the cell
+        and which matched go to the item's ``xfail_templates`` property, for the run's ledger
+        (frontend/ledger.py)."""
         backend = self.runner.session.backend
         known = self.runner.known(cell, area)
         matched = {
-            msg: [(e.source, i) for e in known for i in e.matching(msg, derived.get(msg), cell, backend)]
-            for msg in failures
+            msg: [(e.source, i) for e in known for i in e.matching(failure, cell, backend)]
+            for msg, failure in failures.first.items()
         }
         ledger.note(self.node, [(e.source, i) for e in known for i in e.templates_for(cell, backend)], matched)
-        if not failures:
+        if not failures.ranks:
             if known:  # never a silent XPASS: the entry would mask the next regression
                 pytest.fail(_stale(cell, area, known, repro), pytrace=False)
             return
-        unexplained = [msg for msg in failures if not matched[msg]]
+        unexplained = [failures.first[msg] for msg in failures.ranks if not matched[msg]]
         lines = [f"{cell.id} does not conform ({area}):"]
         lines += [
-            f"  ranks {ranks}: {msg}" + ("" if msg in unexplained else "  [expected: xfails]")
-            for msg, ranks in failures.items()
+            f"  ranks {ranks}: {msg}" + ("" if not matched[msg] else "  [expected: xfails]")
+            for msg, ranks in failures.ranks.items()
         ]
         if not unexplained:
             raise KnownNonConformance("\n".join([*lines, repro]))
         # entries for other Thunder versions excuse nothing, but say which failures are upstream's
         elsewhere = known_elsewhere(
-            cell, area, self.runner.thunder_version, backend, self.runner.expectations, unexplained, derived
+            cell, area, self.runner.thunder_version, backend, self.runner.expectations, unexplained
         )
         if record and elsewhere:
             self.node.user_properties.append(("known_elsewhere", json.dumps([k.to_json() for k in elsewhere])))
-            only = explains_all(elsewhere, unexplained)  # else the failure is new, in part
+            only = explains_all(elsewhere, [f.message for f in unexplained])  # else the failure is new, in part
             self.node.user_properties.append(("known_elsewhere_only", json.dumps(only)))
         pytest.fail("\n".join([*lines, *(k.note for k in elsewhere), repro]), pytrace=False)
 
@@ -163,6 +183,7 @@ class Conformance:
                 entry["phase"] = r.phase
             if answer is not None and area in answer.areas:
                 entry["failures"] = answer.areas[area].failures
+                entry["codes"] = [{"code": f.code, "fields": f.fields} for f in answer.areas[area].found]
                 entry["status"] = protocol.FAILED if entry["failures"] else protocol.PASSED
                 if answer.areas[area].crash is not None:
                     entry["status"] = "error"  # the check raised: the kit's failure, no verdict
@@ -174,7 +195,7 @@ class Conformance:
             metrics["timings"] = first.timings
         if cell.simulated and outcome.ok:  # a few sampled ranks stand for the world: each one's numbers
             metrics["per rank"] = {  # the sequence itself is the first rank's above; here, its digest
-                str(name): {k: v for k, v in a.areas[area].metrics.items() if k != SEQUENCE}
+                str(name): {k: v for k, v in a.areas[area].metrics.items() if k not in AREAS[area].per_rank_omits}
                 for name, a in zip(names, answers, strict=True)
                 if a is not None and area in a.areas
             }
@@ -194,11 +215,21 @@ def _raise_if_kit(cell: Cell, area: str, outcome: Outcome, repro: str) -> None:
             raise KitError(_kit_message(cell, area, who, f"rank {rank}: the cell raised", detail))
 
 
+def _raise_of(outcome: Outcome) -> Raise | None:
+    """The raise the cell ended with where its first culprit raised in Thunder's code (a rank
+    that died or hung first explains its peers' raises: then none)."""
+    first = outcome.culprits()[0]
+    who = blame(first.frames)
+    if first.status != protocol.FAILED or who.owner != THUNDER or who.frame is None or first.exception is None:
+        return None
+    return Raise(first.exception["type"], first.exception["message"], in_thunder(who.frame), who.frame.function)
+
+
 def _thunder_raised(outcome: Outcome) -> str:
     """Where Thunder raised, for the first rank whose task raised in Thunder's code, or ""."""
     for r in outcome.culprits():
-        if r.status == protocol.FAILED and (who := blame(r.frames)).owner == THUNDER:
-            return f": Thunder raised at {who.frame}"
+        if r.status == protocol.FAILED and (who := blame(r.frames)).owner == THUNDER and who.frame is not None:
+            return f": Thunder raised at {in_thunder(who.frame)}:{who.frame.line} in {who.frame.function}"
     return ""
 
 
@@ -233,40 +264,14 @@ def _rank_names(cell: Cell, processes: int) -> list[int]:
     return list(simulated.sampled_ranks(cell.world_size)) if cell.simulated else list(range(processes))
 
 
-def _sequences_differ(ranks: list[int], results: list[CellResult]) -> list[tuple[str, list[int]]]:
-    """Ranks whose collectives, in the order issued, differ from the first rank's: in a real
-    world they would deadlock or exchange mismatched buffers. (message, ranks) per group."""
-    issued = {
-        rank: r.areas["collectives"].metrics.get(SEQUENCE)
-        for rank, r in zip(ranks, results, strict=True)
-        if r.areas["collectives"].crash is None
-    }
-    if not issued:
-        return []
-    first, *_ = issued
-    groups: dict[tuple[str, ...], list[int]] = {}
-    for rank, seq in issued.items():
-        groups.setdefault(tuple(seq or ()), []).append(rank)
-    ours = tuple(issued[first] or ())
-    out = []
-    for seq, members in groups.items():
-        if seq == ours:
-            continue
-        at = next((i for i, (a, b) in enumerate(zip(ours, seq, strict=False)) if a != b), min(len(ours), len(seq)))
-        theirs = seq[at] if at < len(seq) else "nothing"
-        mine = ours[at] if at < len(ours) else "nothing"
-        out.append(
-            (
-                f"collective sequence differs from rank {first}'s ({len(seq)} collectives, rank {first} "
-                f"{len(ours)}): at #{at} {theirs}, rank {first} {mine}",
-                members,
-            )
-        )
-    return out
+@dataclasses.dataclass
+class Grouped:
+    """An item's failures grouped by message across ranks: the ranks that report each, and the
+    failure as the first of them reports it (its code, fields and what the kit derived)."""
 
+    ranks: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    first: dict[str, Failure] = dataclasses.field(default_factory=dict)
 
-def _by_message(pairs: Iterator[tuple[int, str]]) -> dict[str, list[int]]:
-    grouped: dict[str, list[int]] = {}
-    for rank, msg in pairs:
-        grouped.setdefault(msg, []).append(rank)
-    return grouped
+    def add(self, failure: Failure, ranks: list[int]) -> None:
+        self.first.setdefault(failure.message, failure)
+        self.ranks.setdefault(failure.message, []).extend(ranks)

@@ -3,10 +3,10 @@
 Each ``[[xfail]]`` entry names the check area, the cells it covers (``when``: axis -> values,
 and optionally ``backend`` -> the process group backends it holds on), the Thunder versions it
 holds for (``thunder``: PEP 440 specifiers, prereleases included), the failures it expects
-(templates of whole messages, conformance/frontend/templates.py: no free number, no free
-tensor name), a reason and a link. A failure is explained by an entry iff its first line
-matches one of the templates that name its cell, in full, with the numbers the kit derived
-for it (below the first line, assert_close's details of the tensors).
+(each a failure's code and every one of its fields, conformance/frontend/templates.py: no
+free number, no free tensor name; never its message, which is for people), a reason and a
+link. A failure is explained by an entry iff one of the templates that name its cell has its
+code and fields, its numbers the ones the kit derived for it.
 
 Only the failures an entry names become an expected failure: any other failure of the same
 item still fails, an item that an entry covers but that conforms fails as well (the entry is
@@ -25,7 +25,6 @@ import dataclasses
 import json
 import re
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +37,24 @@ else:
     import tomli as tomllib
 
 from conformance.checks.declared import DECLARATIONS
+from conformance.checks.findings import Failure
 from conformance.checks.registry import AREAS
-from conformance.frontend.templates import Template, template_of, template_pattern, when_names, when_problem
+from conformance.frontend.templates import (
+    Raise,
+    RaiseTemplate,
+    Template,
+    raise_of,
+    template_of,
+    when_names,
+    when_problem,
+)
 from conformance.matrix.cells import Cell
 
 FIELDS = ("area", "when", "thunder", "failures", "reason", "link")
 OPTIONAL = ("declares",)  # what the entry declares of the Thunder beside its failures
+# a raises entry names the raise its cells end with instead of failures, and every area of
+# those cells unless it names one (a cell that raises fails each of its areas' items alike)
+RAISES_FIELDS = ("when", "thunder", "raises", "reason", "link")
 _HEADER = re.compile(r"^\s*\[\[\s*xfail\s*\]\]")
 __all__ = [
     "Expectation",
@@ -51,7 +62,6 @@ __all__ = [
     "XfailsError",
     "declared",
     "load",
-    "template_pattern",
 ]
 
 
@@ -65,9 +75,9 @@ class XfailsError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Expectation:
-    area: str
+    area: str | None  # None: every area (a raises entry's default)
     when: dict[str, list[str]]
-    failures: list[str | dict[str, Any]]  # as written: a template, or {template, when}
+    failures: list[dict[str, Any]]  # as written: {code, fields..., when}; empty in a raises entry
     reason: str
     link: str
     thunder: list[str]
@@ -75,11 +85,17 @@ class Expectation:
     # behaviours the other areas' derivations take as given where the entry holds
     # (conformance/checks/declared.py)
     declares: list[str] = dataclasses.field(default_factory=list)
-    templates: tuple[Template, ...] = dataclasses.field(default=(), compare=False, repr=False)
+    # the raise the entry's cells end with, as written: {type, message, at} (None: failures)
+    raises: dict[str, str] | None = None
+    templates: tuple[Template | RaiseTemplate, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.templates:
-            object.__setattr__(self, "templates", tuple(template_of(f, self.source) for f in self.failures))
+            if self.raises is not None:
+                expected: tuple[Template | RaiseTemplate, ...] = (raise_of(self.raises, self.source),)
+            else:
+                expected = tuple(template_of(f, self.source) for f in self.failures)
+            object.__setattr__(self, "templates", expected)
 
     def holds_for(self, thunder_version: str | None) -> bool:
         """Whether any of the entry's specifiers contains ``thunder_version`` (prereleases
@@ -100,31 +116,31 @@ class Expectation:
     def names(self, cell: Cell, area: str, backend: str | None = None) -> bool:
         """Whether the entry names ``cell``'s ``area`` (and the session's ``backend``, where it
         names backends), whatever Thunder versions it holds for."""
-        return area == self.area and when_names(self.when, cell, backend)
+        return self.area in (None, area) and when_names(self.when, cell, backend)
 
     def templates_for(self, cell: Cell | None, backend: str | None = None) -> list[int]:
         """The indices of the templates that name ``cell`` (all of them where it is None)."""
         return [i for i, t in enumerate(self.templates) if cell is None or t.names(cell, backend)]
 
-    def matching(
-        self,
-        failure: str,
-        derived: Mapping[str, float] | None = None,
-        cell: Cell | None = None,
-        backend: str | None = None,
-    ) -> list[int]:
-        """The indices of the templates (among those naming ``cell``) that explain ``failure``,
-        its numbers checked against ``derived``: what the kit derived for it."""
-        return [i for i in self.templates_for(cell, backend) if self.templates[i].matches(failure, derived)]
+    def matching(self, failure: Failure, cell: Cell | None = None, backend: str | None = None) -> list[int]:
+        """The indices of the templates (among those naming ``cell``) that explain ``failure``:
+        its code and fields, its numbers checked against what the kit derived for it."""
+        return [i for i in self.templates_for(cell, backend) if self.templates[i].matches(failure)]
 
-    def explains(
-        self,
-        failure: str,
-        derived: Mapping[str, float] | None = None,
-        cell: Cell | None = None,
-        backend: str | None = None,
-    ) -> bool:
-        return bool(self.matching(failure, derived, cell, backend))
+    def explains(self, failure: Failure, cell: Cell | None = None, backend: str | None = None) -> bool:
+        return bool(self.matching(failure, cell, backend))
+
+    def raising(self, raised: Raise, cell: Cell | None = None, backend: str | None = None) -> list[int]:
+        """The indices of the raise templates (among those naming ``cell``) that ``raised`` is."""
+        return [
+            i
+            for i in self.templates_for(cell, backend)
+            if isinstance(t := self.templates[i], RaiseTemplate) and t.raised(raised)
+        ]
+
+    def raise_templates_for(self, cell: Cell, backend: str | None = None) -> list[int]:
+        """The indices of the raise templates that name ``cell``."""
+        return [i for i in self.templates_for(cell, backend) if isinstance(self.templates[i], RaiseTemplate)]
 
 
 def declared(entries: list[Expectation], cell: Cell, thunder_version: str | None, backend: str | None) -> list[str]:
@@ -152,16 +168,20 @@ def _entry(raw: Any, where: str, template_sources: list[str] | None = None) -> E
 
     if not isinstance(raw, dict):
         raise bad("an [[xfail]] entry must be a table")
-    unknown = sorted(set(raw) - set(FIELDS) - set(OPTIONAL))
+    if "raises" in raw and "failures" in raw:
+        raise bad("an entry names failures or a raise, not both")
+    required = RAISES_FIELDS if "raises" in raw else FIELDS
+    known = (*required, *OPTIONAL, *(("area",) if "raises" in raw else ()))
+    unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise bad(f"unknown field(s) {', '.join(unknown)} (fields: {', '.join(FIELDS + OPTIONAL)})")
-    missing = [f for f in FIELDS if f not in raw]
+        raise bad(f"unknown field(s) {', '.join(unknown)} (fields: {', '.join(FIELDS + OPTIONAL + ('raises',))})")
+    missing = [f for f in required if f not in raw]
     if missing:
         raise bad(f"missing field(s) {', '.join(missing)}")
     for field in ("area", "reason", "link"):
-        if not isinstance(raw[field], str) or not raw[field].strip():
+        if field in raw and (not isinstance(raw[field], str) or not raw[field].strip()):
             raise bad(f"{field} must be a non-empty string")
-    if raw["area"] not in AREAS:
+    if "area" in raw and raw["area"] not in AREAS:
         raise bad(f"unknown area {raw['area']!r} (areas: {', '.join(AREAS)})")
     when = raw["when"]
     if not isinstance(when, dict):
@@ -188,9 +208,15 @@ def _entry(raw: Any, where: str, template_sources: list[str] | None = None) -> E
     if undeclarable := [d for d in declares if d not in DECLARATIONS]:
         known = ", ".join(f"{k} ({v})" for k, v in DECLARATIONS.items())
         raise bad(f"declares: unknown {', '.join(map(repr, undeclarable))} (known: {known})")
+    if "raises" in raw:
+        try:
+            expected = raise_of(raw["raises"], where)
+        except ValueError as exc:
+            raise bad(str(exc)) from None
+        return Expectation(**{"area": None, "failures": [], **raw}, source=where, templates=(expected,))
     failures = raw["failures"]
     if not isinstance(failures, list) or not failures:
-        raise bad("failures must be a non-empty list of templates (strings, or {template, when} tables)")
+        raise bad("failures must be a non-empty list of {code, fields..., when} tables")
     sources = list(template_sources or [])
     sources += [where] * (len(failures) - len(sources))
     templates = []
@@ -205,16 +231,19 @@ def _entry(raw: Any, where: str, template_sources: list[str] | None = None) -> E
 def _template_lines(lines: list[str], start: int, end: int, failures: Any, name: str) -> list[str]:
     """FILE:LINE of each template of the entry whose header is line ``start`` (1-based; its
     text ends before line ``end``): the first line from there on that holds the template's
-    text, as written in TOML; the entry's line where none does."""
+    code, as written in TOML (an inline table is one line, and may share it with the template
+    before), past the previous template's; the entry's line where none does."""
     out = []
-    at = start
+    text = "\n".join(lines[start - 1 : end - 1])
+    at = 0  # where in ``text`` the previous template's code ends
     for raw in failures if isinstance(failures, list) else []:
-        text = raw.get("template") if isinstance(raw, dict) else raw
+        code = raw.get("code") if isinstance(raw, dict) else None
         found = start
-        if isinstance(text, str):
-            written = (text, json.dumps(text)[1:-1])
-            found = next((n for n in range(at, end) if any(w in lines[n - 1] for w in written)), start)
-            at = found if found != start else at
+        if isinstance(code, str):
+            quoted = "|".join(map(re.escape, (json.dumps(code), f"'{code}'")))
+            written = re.compile(rf"\bcode\s*=\s*(?:{quoted})")
+            if (m := written.search(text, at)) is not None:
+                found, at = start + text.count("\n", 0, m.start()), m.end()
         out.append(f"{name}:{found}")
     return out
 

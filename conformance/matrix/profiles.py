@@ -100,7 +100,7 @@ def _runnable(cell: Cell, unsupported: Collection[str]) -> Cell | None:
 
 def carries_plain_jit(profile: str, cell: Cell) -> bool:
     """Whether a rank compiles plain ``thunder.jit`` of the cell's model, the reference for what
-    the forward saves (``rank/plain.py``). ci carries it where it is cheapest, on the cells
+    the forward saves (``rank/plain_jit.py``). ci carries it where it is cheapest, on the cells
     that do not offload: on the offloading ones too, it cost ci 157 s of its 655 (1.24x, 33
     compiles against 14); every other profile carries it on every cell."""
     return profile != "ci" or cell.offload == "none"

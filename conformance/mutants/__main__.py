@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 from conformance.mutants import equivalents, report, sites, trial
+from conformance.mutants.kills import EQUIVALENT, KIT_ERROR, OUTCOMES, Verdict
 from conformance.mutants.operators import NAMES, PRESETS
 from conformance.mutants.overlay import Overlay, installed_thunder
 from conformance.mutants.store import Session
-from conformance.mutants.verdict import EQUIVALENT, KIT_ERROR, OUTCOMES, Verdict
 from conformance.reports import changed_lines
 from conformance.reports.coverage_map import CoverageMap, source_digest
 

@@ -10,9 +10,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from conformance.mutants.equivalents import DEVICES, Equivalent
+from conformance.mutants.kills import EQUIVALENT, KIT_ERROR, OUTCOMES, RAISED, SILENT, SURVIVED, TIMEOUT, Verdict
 from conformance.mutants.sites import Mutant
 from conformance.mutants.trial import cells_for
-from conformance.mutants.verdict import EQUIVALENT, KIT_ERROR, OUTCOMES, RAISED, SILENT, SURVIVED, TIMEOUT, Verdict
 from conformance.reports.coverage_map import CoverageMap
 
 RUN = (SILENT, RAISED, TIMEOUT, SURVIVED, KIT_ERROR)  # a verdict from running cells
@@ -65,9 +65,7 @@ def build(
     equivalent whatever an earlier trial said of it, unless a check killed it: then the
     argument was wrong, and the report says so (``equivalence_refuted``)."""
     refuted = [m.id for m, v, _ in judged if m.id in equivalents and v.outcome in (SILENT, RAISED, TIMEOUT)]
-    judged = [
-        (m, Verdict(EQUIVALENT) if m.id in equivalents and m.id not in refuted else v, d) for m, v, d in judged
-    ]
+    judged = [(m, Verdict(EQUIVALENT) if m.id in equivalents and m.id not in refuted else v, d) for m, v, d in judged]
     verdicts = [v for _, v, _ in judged]
     by_file: dict[str, list[Verdict]] = {}
     by_function: dict[str, list[Verdict]] = {}
@@ -110,7 +108,7 @@ def build(
 
 
 def _only_on(mutant: dict[str, Any]) -> str:
-    """" (on cpu only)" where the equivalence argument holds on some devices only."""
+    """ " (on cpu only)" where the equivalence argument holds on some devices only."""
     on = mutant.get("equivalent_on") or list(DEVICES)
     return "" if set(on) >= set(DEVICES) else f" (on {', '.join(on)} only)"
 

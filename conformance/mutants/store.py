@@ -1,6 +1,6 @@
 """The session: cosmic-ray's work database (sqlite), one work item per mutant and one result
 per mutant judged, so that an analysis stopped anywhere resumes with the mutants not yet
-judged. The kit's verdict (conformance/mutants/verdict.py) is kept as JSON in the result's
+judged. The kit's verdict (conformance/mutants/kills.py) is kept as JSON in the result's
 output, beside cosmic-ray's coarse killed / survived / incompetent."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from typing import Any
 from cosmic_ray.work_db import WorkDB, WorkResultStorage
 from cosmic_ray.work_item import MutationSpec, TestOutcome, WorkerOutcome, WorkItem, WorkResult
 
-from conformance.mutants.sites import Mutant
-from conformance.mutants.verdict import (
+from conformance.mutants.kills import (
     EQUIVALENT,
     INCOMPETENT,
     KIT_ERROR,
@@ -26,6 +25,7 @@ from conformance.mutants.verdict import (
     TIMEOUT,
     Verdict,
 )
+from conformance.mutants.sites import Mutant
 
 # the kit's outcome -> cosmic-ray's (worker outcome, test outcome), for its own tools
 _COARSE = {

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import IO
 
+from conformance.mutants.kills import INCOMPETENT, KIT_ERROR, NOT_COVERED, TIMEOUT, Verdict, classify
 from conformance.mutants.overlay import Overlay
 from conformance.mutants.sites import Mutant
-from conformance.mutants.verdict import INCOMPETENT, KIT_ERROR, NOT_COVERED, TIMEOUT, Verdict, classify
 from conformance.reports.coverage_map import CoverageMap
 from conformance.world import launch
 

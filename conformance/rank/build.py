@@ -18,7 +18,7 @@ from conformance.checks.buckets import ddp_bucket_mb
 from conformance.checks.record import ModuleInit
 from conformance.checks.storages import tied_duplicates
 from conformance.matrix.cells import Cell
-from conformance.matrix.plan import SetupPlan, StateDictKind, plan
+from conformance.matrix.initialization import SetupPlan, StateDictKind, plan
 from conformance.rank import measure, progress
 from conformance.rank.clock import thunder_call
 from conformance.rank.dropout import replace_output_dropout

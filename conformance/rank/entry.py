@@ -21,11 +21,11 @@ from conformance.checks.record import CellRecord, MemoryRecord, PlainPlan, Setup
 from conformance.checks.registry import AREAS, applies
 from conformance.checks.traces import final_traces
 from conformance.matrix.cells import Cell
-from conformance.matrix.plan import expects_reset_error
+from conformance.matrix.initialization import expects_reset_error
 from conformance.rank import clock, measure, progress
 from conformance.rank.build import EagerModel, Recipe, Unsupported, build_eager_model, compose, recipe
 from conformance.rank.gather import clones, cpu_copies, on_every_rank, rank_device
-from conformance.rank.plain import plain_plan
+from conformance.rank.plain_jit import plain_plan
 from conformance.rank.scenarios import run_scenario
 from conformance.rank.simulate import run_simulated
 from conformance.rank.train import generator, train

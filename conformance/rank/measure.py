@@ -6,7 +6,7 @@ torch's MemTracker leaves module hooks behind that break Thunder's next trace, a
 profiler's memory events give no peak); on CUDA the caching allocator's statistics, which
 count each allocation as its block (bytes rounded up to 512: ``storages.allocated_bytes``,
 which the census and the memory area's expectations use there too). What the numbers are
-held to is the memory check area's business (``conformance/checks/memory.py``).
+held to is the memory check area's business (``conformance/checks/memory/__init__.py``).
 """
 
 from __future__ import annotations

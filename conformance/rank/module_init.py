@@ -2,7 +2,7 @@
 the way Thunder's MaterializationTransform does it under meta init: a shallow copy of the
 module that owns its direct tensors only, ``to_empty(recurse=False)`` on the device, then
 ``reset_parameters()``. The memory area builds the setup bound of meta cells from these
-readings (``conformance/checks/setup_path.py``); they are eager's, never Thunder's."""
+readings (``conformance/checks/memory/setup_path.py``); they are eager's, never Thunder's."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from conformance.checks.memory.setup_path import materialized
 from conformance.checks.record import ModuleInit
-from conformance.checks.setup_path import materialized
 from conformance.rank import measure
 
 

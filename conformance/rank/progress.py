@@ -23,7 +23,7 @@ ENV = protocol.ENV_PHASE
 
 _stack: list[str] = []
 # --chaos (and the kit's own fault tests): the phase, or part of its name, at whose entry this
-# rank is lost, and what loses it (conformance/rank/chaos.py arms it for one task)
+# rank is lost, and what loses it (conformance/rank/faults.py arms it for one task)
 _lost_at: tuple[str, Callable[[], None]] | None = None
 
 

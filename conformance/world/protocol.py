@@ -98,6 +98,14 @@ STOPPED = "stopped"
 ABORTED = "aborted"  # a peer failed or died; this rank was stopped while waiting on it
 
 
+def exception_of(exc: BaseException) -> dict[str, str]:
+    """What ``exc`` is, as a front end names it: its type, qualified by its module unless a
+    builtin (``torch._dynamo.exc.Unsupported``, ``RuntimeError``), and its message."""
+    kind = type(exc)
+    module = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
+    return {"type": f"{module}{kind.__qualname__}", "message": str(exc)}
+
+
 def frames_of(exc: BaseException) -> list[dict[str, Any]]:
     """The frames of ``exc``'s traceback, outermost first."""
     return [{"file": f.filename, "line": f.lineno, "function": f.name} for f in traceback.extract_tb(exc.__traceback__)]
@@ -118,6 +126,7 @@ class RankResult:
     # where a rank that could not answer was in its task (its phase file), e.g. "training / step 1 (SGD) / backward"
     phase: str | None = None
     stopped: bool = False  # the controller found the process stopped (SIGSTOP), not running
+    exception: dict[str, str] | None = None  # where the task raised: ``exception_of`` it
 
     def encode(self) -> str:
         return json.dumps(dataclasses.asdict(self))

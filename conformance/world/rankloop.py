@@ -104,6 +104,7 @@ def _run(task: protocol.Task, rank: int) -> protocol.RankResult:
             status=protocol.FAILED,
             error="".join(traceback.format_exception(exc)),
             frames=protocol.frames_of(exc),
+            exception=protocol.exception_of(exc),
             duration=time.perf_counter() - start,
         )
     return protocol.RankResult(rank=rank, status=protocol.PASSED, value=value, duration=time.perf_counter() - start)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from conformance.matrix.cells import Cell
 from conformance.matrix.features import features
-from conformance.matrix.plan import expects_reset_error
+from conformance.matrix.initialization import expects_reset_error
 from fixtures.inits import INITS
 from fixtures.models import fixture_for
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from conformance.matrix.cells import Cell
-from conformance.matrix.plan import plan
+from conformance.matrix.initialization import plan
 from tests.planted.cells import (
     ALL,
     BF16,

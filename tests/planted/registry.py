@@ -44,8 +44,8 @@ BUGS: dict[str, PlantedBug] = {bug.name: bug for bug in RECORDS}
 def run_cell_with_bug(
     bug: str, axes: dict[str, Any], declared: Sequence[str] = (), plain_jit: bool = True
 ) -> dict[str, Any]:
-    from conformance.rank import plain
+    from conformance.rank import plain_jit
     from conformance.rank.entry import run_cell
 
-    with plain.variant(bug), BUGS[bug].patch():
+    with plain_jit.variant(bug), BUGS[bug].patch():
         return run_cell(axes, declared, plain_jit)

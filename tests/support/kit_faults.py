@@ -90,7 +90,7 @@ def probe_with_fault(fault: str, marker: str) -> Any:
     machine's rank: its agent, torchrun and itself killed), while probing: at the first probe
     only, or every time; ``marker`` (a folder the pytest process made) remembers the first
     across worlds."""
-    from conformance.rank.chaos import HOW
+    from conformance.rank.faults import HOW
     from conformance.rank.probe import probe_compositions
 
     first = not os.path.exists(os.path.join(marker, "lost"))

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from conformance.bisect.classify import BAD, GOOD, SKIP, Verdict, verdict
 from conformance.bisect.cli import BAD_INPUT, FOUND, Options, bisect, main
 from conformance.bisect.git import BadInput
 from conformance.bisect.step import StepConfig, WrongThunder, check_thunder_resolves, run_step, step_environment
-from conformance.bisect.verdict import BAD, GOOD, SKIP, Verdict, verdict
 from tests.support.suite_runs import ROOT
 
 CELL = "mlp-real-fsdp_jit-untied-none-zero2-none-float32-ws2"  # smoke profile: the cheapest cell

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from conformance.checks import dataflow, memory, memory_terms
+from conformance.checks import memory
 from conformance.checks.declared import UNBUCKETED
+from conformance.checks.memory import arithmetic, dataflow
 from conformance.checks.record import ModuleInit, SimulatedRecord
 from conformance.checks.storages import allocated_bytes, allocations, piece_bytes, shard_bytes
 from conformance.matrix.cells import Cell
@@ -64,8 +65,8 @@ def _run(
 # MLP(12, 20, 7) over 2 ranks, dim 0 padded to even: fc1.weight 960 B, fc1.bias 80, fc2.weight
 # 560 (640 padded), fc2.bias 28 (32 padded); shards 480, 40, 320, 16.
 def test_terms_on_cuda_count_one_block_per_tensor() -> None:
-    model = memory_terms.terms(_run(CUDA))
-    assert model == memory_terms.Terms(
+    model = arithmetic.terms(_run(CUDA))
+    assert model == arithmetic.Terms(
         shards=4 * 512,  # four shards, each under one block
         buffers=0,
         unsharded=1024 + 512 + 1024 + 512,  # every all-gathered parameter
@@ -77,25 +78,25 @@ def test_terms_on_cuda_count_one_block_per_tensor() -> None:
 
 
 def test_terms_on_cpu_are_the_plain_bytes() -> None:
-    model = memory_terms.terms(_run(CPU))
-    assert model == memory_terms.Terms(
+    model = arithmetic.terms(_run(CPU))
+    assert model == arithmetic.Terms(
         shards=856, buffers=0, unsharded=1712, gradient_shards=856, adamw_state=1712, handed_over=0
     )
     assert model.resident == 856  # README: the mlp cell holds exactly its 856 bytes of shards
 
 
 def test_the_state_dict_handed_over_rounds_each_entry() -> None:
-    assert memory_terms.terms(_run(CUDA, "meta_original_sd")).handed_over == 1024 + 512 + 1024 + 512
-    assert memory_terms.terms(_run(CPU, "meta_original_sd")).handed_over == 960 + 80 + 560 + 28
-    assert memory_terms.terms(_run(CUDA, "meta_transformed_sd")).handed_over == 4 * 512
-    assert memory_terms.terms(_run(CPU, "meta_transformed_sd")).handed_over == 856
+    assert arithmetic.terms(_run(CUDA, "meta_original_sd")).handed_over == 1024 + 512 + 1024 + 512
+    assert arithmetic.terms(_run(CPU, "meta_original_sd")).handed_over == 960 + 80 + 560 + 28
+    assert arithmetic.terms(_run(CUDA, "meta_transformed_sd")).handed_over == 4 * 512
+    assert arithmetic.terms(_run(CPU, "meta_transformed_sd")).handed_over == 856
 
 
 def test_setup_estimate_and_bounds_round_each_tensor() -> None:
     # real init, parameter by parameter: the originals (3072 on CUDA), then fc2.weight's
     # padded copy (1024) and its shard (512) beside the two shards cut before it
-    assert memory_terms.setup_estimate(_run(CUDA), 2048) == 3072 + 2 * 512 + 1024 + 512
-    assert memory_terms.setup_estimate(_run(CPU), 856) == 1628 + 480 + 40 + 640 + 320
+    assert arithmetic.setup_estimate(_run(CUDA), 2048) == 3072 + 2 * 512 + 1024 + 512
+    assert arithmetic.setup_estimate(_run(CPU), 856) == 1628 + 480 + 40 + 640 + 320
     # meta init (tests/unit/test_setup_path.py): eager's readings are the allocator's on CUDA
     # (each Linear: weight and bias a block each), the cutting rounds each copy and shard.
     # fc2's init beside fc1 kept: 1536 + 1536; fc2 cut: fc2 (1536), the weight's padded copy
@@ -103,42 +104,42 @@ def test_setup_estimate_and_bounds_round_each_tensor() -> None:
     inits = [ModuleInit("fc1", peak=1536, kept=1536), ModuleInit("fc2", peak=1536, kept=1536)]
     run = _run(CUDA, "meta_module_init")
     run.memory.module_inits = inits
-    assert memory_terms.setup_estimate(run, 2048) == 2048 + 1536 + 1536
+    assert arithmetic.setup_estimate(run, 2048) == 2048 + 1536 + 1536
     # the gloo allowance (the two largest gathered units, one per worker thread: fc1's and
     # fc2's weights unbucketed) rounds each of its tensors too
     gloo_on_cuda = _run(CUDA)
     gloo_on_cuda.backend = "gloo"
-    assert memory_terms.late_release(gloo_on_cuda) == 1024 + 1024
-    assert memory_terms.late_release(_run(CPU)) == 960 + 640
-    assert memory_terms.late_release(_run(CUDA)) == 0  # NCCL: no late release
+    assert arithmetic.late_release(gloo_on_cuda) == 1024 + 1024
+    assert arithmetic.late_release(_run(CPU)) == 960 + 640
+    assert arithmetic.late_release(_run(CUDA)) == 0  # NCCL: no late release
 
 
 def test_ddp_setup_under_real_init_is_the_construction_exactly() -> None:
     # DDP cuts nothing and broadcasts in place: no FSDP walk, no factor. The eager model's
     # construction peaked at 1000 B here, under the model's 1628 B: the model bounds it
     ddp = _run(CPU, composition="ddp_jit")
-    model = memory_terms.terms(ddp)
-    assert memory_terms.setup_estimate(ddp, model.resident) == 1628
+    model = arithmetic.terms(ddp)
+    assert arithmetic.setup_estimate(ddp, model.resident) == 1628
     assert memory._setup_bound(ddp, model, 1628) == 1628
     ddp.memory.eager_peaks["setup"] = 2400  # a construction that made and dropped a temporary
-    assert memory_terms.setup_estimate(ddp, model.resident) == 2400
+    assert arithmetic.setup_estimate(ddp, model.resident) == 2400
     # FSDP's sharding walk is read exactly on the CPU; on CUDA its bound keeps a factor for the
     # caching allocator's larger cached blocks
     fsdp = _run(CPU)
-    assert memory._setup_bound(fsdp, memory_terms.terms(fsdp), 1000) == 1000
+    assert memory._setup_bound(fsdp, arithmetic.terms(fsdp), 1000) == 1000
     on_cuda = _run(CUDA)
-    assert memory._setup_bound(on_cuda, memory_terms.terms(on_cuda), 1000) == 1250
+    assert memory._setup_bound(on_cuda, arithmetic.terms(on_cuda), 1000) == 1250
 
 
 def test_the_gloo_allowance_is_a_bucket_per_thread_or_parameters_where_the_xfails_file_says_so() -> None:
     # LAYER buckets of MLP over 2 ranks: fc1 (960 + 80 B) and fc2 (640 + 32 B padded), one
     # per gloo worker thread
     layer = _run(CPU, bucketing="layer")
-    assert memory_terms.late_release(layer) == 960 + 80 + 640 + 32
+    assert arithmetic.late_release(layer) == 960 + 80 + 640 + 32
     # a Thunder declared to gather per parameter has parameters in flight, never buckets:
     # a bucket's bytes would hide a gathered parameter kept to the forward's end
     layer.declared = frozenset({UNBUCKETED})
-    assert memory_terms.late_release(layer) == 960 + 640
+    assert arithmetic.late_release(layer) == 960 + 640
 
 
 def test_gloo_runs_collectives_on_as_many_threads_as_the_allowance_counts() -> None:
@@ -149,7 +150,7 @@ def test_gloo_runs_collectives_on_as_many_threads_as_the_allowance_counts() -> N
     import torch.distributed as dist
 
     group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=30))
-    assert group.options._threads == memory_terms.GLOO_THREADS
+    assert group.options._threads == arithmetic.GLOO_THREADS
 
 
 def test_shard_bytes_keeps_its_cpu_default() -> None:

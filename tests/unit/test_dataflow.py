@@ -1,4 +1,4 @@
-"""The data flow of a real FSDP forward trace (conformance/checks/dataflow.py): which storages
+"""The data flow of a real FSDP forward trace (conformance/checks/memory/dataflow.py): which storages
 it returns, and which of them all-gathers made."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ _FORWARD = """
 import json, os, torch, torch.distributed as dist, thunder
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from thunder.distributed import FSDPType, fsdp
-from conformance.checks.dataflow import estimated_returned
+from conformance.checks.memory.dataflow import estimated_returned
 os.environ["LOCAL_RANK"] = "0"
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
 m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 7))

@@ -9,10 +9,11 @@ import types
 import torch
 from torch import nn
 
-from conformance.checks import memory, memory_terms
+from conformance.checks import memory
 from conformance.checks.buckets import ddp_bucket_mb, ddp_buckets
 from conformance.checks.collectives import expected_counts
 from conformance.checks.declared import UNBUCKETED
+from conformance.checks.memory import arithmetic
 from conformance.checks.traces import FinalTraces
 from conformance.matrix.cells import Cell
 from fixtures.compositions import DDP_DEFAULTS
@@ -83,12 +84,12 @@ def test_memory_holds_the_bucket_buffers_the_rule_packs_unless_the_xfails_file_d
     # layer buckets: [a, b, c] (720 B) and [d] (32 B), each one flat buffer held from the first
     # backward on, whatever the backward trace shows: a Thunder's own trace never widens its bound
     for all_reduces in (2, 4):
-        assert memory_terms.terms(_ddp_run("layer", all_reduces=all_reduces)).gradient_buckets == 720 + 32
+        assert arithmetic.terms(_ddp_run("layer", all_reduces=all_reduces)).gradient_buckets == 720 + 32
     # where the xfails file declares that this Thunder packs nothing, the held bound leaves
     # nothing for buffers that do not exist (a leak would hide there)
-    assert memory_terms.terms(_ddp_run("layer", frozenset({UNBUCKETED}), all_reduces=2)).gradient_buckets == 0
+    assert arithmetic.terms(_ddp_run("layer", frozenset({UNBUCKETED}), all_reduces=2)).gradient_buckets == 0
     # without buckets nothing is packed
-    assert memory_terms.terms(_ddp_run("none")).gradient_buckets == 0
+    assert arithmetic.terms(_ddp_run("none")).gradient_buckets == 0
 
 
 def test_the_measured_steps_phases_start_from_the_bucket_buffers_a_packing_backward_left() -> None:
@@ -101,7 +102,7 @@ def test_the_measured_steps_phases_start_from_the_bucket_buffers_a_packing_backw
     assert MEASURED_STEP > 0
     for declared, kept in ((frozenset(), 720 + 32), (frozenset({UNBUCKETED}), 0)):
         run = _ddp_run("layer", declared)
-        model = memory_terms.terms(run)
+        model = arithmetic.terms(run)
         gradients = sum(p.numel() * 4 for p in run.eager_model.parameters() if p.requires_grad)
         run.steps = [types.SimpleNamespace(optimizer="SGD")] * 3
         run.memory = types.SimpleNamespace(

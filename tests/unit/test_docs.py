@@ -1,6 +1,7 @@
 """The docs cannot drift from the kit: README.md stays a front door (it starts with the two
-commands that set up and run the suite and the kit's tests), every internal link in README.md and docs/ resolves, every repository path and dotted
-kit name a doc puts in backticks exists, every planted bug a page cites exists,
+commands that set up and run the suite and the kit's tests), every internal link in
+README.md and docs/ resolves, every repository path and dotted kit name a doc puts in
+backticks exists, every planted bug a page cites exists,
 docs/findings.md is what tools/findings_doc.py makes of xfails.toml, docs/architecture.md's
 layout has a line for every module and none for a module that is gone, and every guarantee
 of a check area says whether it is independent of Thunder or held to Thunder's own traces or

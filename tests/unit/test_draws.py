@@ -12,7 +12,7 @@ from torch import nn
 
 from conformance.checks import draws, power
 from conformance.checks.distributions import Dist, judge, uniform
-from conformance.checks.initial_values import check_values, shard_copies
+from conformance.checks.initial_values import Problem, check_values, shard_copies
 from fixtures.models import MODELS
 from fixtures.toy_models import TinyLM
 
@@ -36,9 +36,9 @@ def test_the_tied_owner_is_the_one_eager_keeps() -> None:
     # reject a true draw 3 times in 100,000
     torch.manual_seed(0)
     drawn = nn.Linear(24, 37).weight.detach()
-    assert check_values(drawn, tied, torch.float32)[0] == (
-        "drawn like Linear.reset_parameters, not like Embedding.reset_parameters"
-    )
+    found = check_values(drawn, tied, torch.float32)[0]
+    assert found.fields == {"problems": ["drawn_like"], "drawn_like": "Linear", "expected_like": "Embedding"}
+    assert found.message == "drawn like Linear.reset_parameters, not like Embedding.reset_parameters"
     assert check_values(torch.randn(37, 24), tied, torch.float32)[0] is None
 
 
@@ -47,13 +47,16 @@ def test_a_few_values_just_outside_fail() -> None:
     torch.manual_seed(0)
     assert check_values(nn.Linear(16, 16).weight.detach(), exp, torch.float32)[0] is None
     wider = nn.Linear(16, 16).weight.detach() * 1.05
-    assert "values outside [-0.25" in check_values(wider, exp, torch.float32)[0]
+    found = check_values(wider, exp, torch.float32)[0]
+    assert found.fields == {"problems": ["not_drawn_like"], "expected_like": "Linear"}
+    assert "values outside [-0.25" in found.message
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_small_constant_tensors_fail(dtype) -> None:
     exp = expect(lambda: nn.Linear(20, 4))["bias"]  # 4 elements: too few for the other tests to fail them
-    assert "all 4 values equal" in check_values(torch.full((4,), 0.1, dtype=dtype), exp, dtype)[0]
+    found = check_values(torch.full((4,), 0.1, dtype=dtype), exp, dtype)[0]
+    assert found.fields["problems"] == ["not_drawn_like"] and "all 4 values equal" in found.message
     assert check_values(torch.tensor([0.1, -0.2, 0.05, 0.0], dtype=dtype), exp, dtype)[0] is None
 
 
@@ -61,26 +64,38 @@ def test_constants_exactly() -> None:
     exp = expect(lambda: nn.LayerNorm(5))
     assert check_values(torch.ones(5), exp["weight"], torch.float32)[0] is None
     found = check_values(torch.tensor([1, 1, 1, 1, 1 + 1e-6]), exp["weight"], torch.float32)[0]
-    assert found.startswith("1 of 5 values differ from 1")
+    assert found.fields == {"problems": ["not_drawn_like"], "expected_like": "LayerNorm"}
+    assert found.message.startswith("1 of 5 values differ from 1")
 
 
 def test_what_thunder_produced_never_crashes() -> None:
     exp = expect(lambda: TinyLM(tie=False))["emb.weight"]
     bad = torch.randn(33, 16)
     bad[3, 4], bad[5, 6] = float("nan"), float("inf")
-    assert check_values(bad, exp, torch.float32)[0] == "2 of 528 values not finite (1 NaN)"
-    assert check_values(None, exp, torch.float32)[0] == "missing"
-    assert check_values(torch.randn(3), exp, torch.float32)[0] == "shape (3,), expected (33, 16)"
+    assert check_values(bad, exp, torch.float32)[0] == Problem(
+        "2 of 528 values not finite (1 NaN)", {"problems": ["not_finite"]}
+    )
+    assert check_values(None, exp, torch.float32)[0] == Problem("missing", {"problems": ["missing"]})
+    assert check_values(torch.randn(3), exp, torch.float32)[0] == Problem(
+        "shape (3,), expected (33, 16)", {"problems": ["shape"]}
+    )
+    assert check_values([1.0], exp, torch.float32)[0] == Problem("not a tensor: list", {"problems": ["not_a_tensor"]})
     found = check_values(torch.randn(33, 16, dtype=torch.float64), exp, torch.float32)[0]
-    assert found == "dtype torch.float64, expected torch.float32"
-    assert check_values(torch.zeros(33, 16, dtype=torch.int64), exp, torch.float32)[0].startswith("dtype")
+    assert found == Problem("dtype torch.float64, expected torch.float32", {"problems": ["dtype"]})
+    found = check_values(torch.zeros(33, 16, dtype=torch.int64), exp, torch.float32)[0]
+    assert found.fields["problems"][0] == "dtype" and found.message.startswith("dtype")
+    # each kind found is named, in the order of the message
+    both = check_values(torch.full((33, 16), float("nan"), dtype=torch.float64), exp, torch.float32)[0]
+    assert both.fields == {"problems": ["dtype", "not_finite"]}
+    assert both.message == "dtype torch.float64, expected torch.float32; 528 of 528 values not finite (528 NaN)"
 
 
 def test_narrower_draws_fail_the_scale_test() -> None:
     exp = expect(lambda: TinyLM(tie=False))["emb.weight"]
     torch.manual_seed(0)
     found, ratio = check_values(torch.randn(33, 16) * 0.5, exp, torch.float32)
-    assert found.startswith("std 0.50") and "chi-square" in found and ratio > 1
+    assert found.fields == {"problems": ["not_drawn_like"], "expected_like": "Embedding"}
+    assert found.message.startswith("std 0.50") and "chi-square" in found.message and ratio > 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -138,12 +153,15 @@ def test_fallback_from_fresh_eager_draws() -> None:
     assert exp["w"].empirical == "random" and "KS test only" in exp["w"].describe()
     assert exp["g"].empirical == "deterministic"
     assert check_values(torch.full((3,), 0.5), exp["g"], torch.float32)[0] is None
-    assert "draws nothing at random" in check_values(torch.full((3,), 0.25), exp["g"], torch.float32)[0]
+    fixed = check_values(torch.full((3,), 0.25), exp["g"], torch.float32)[0]
+    assert fixed.fields == {"problems": ["differs_from_eager"]} and "draws nothing at random" in fixed.message
     torch.manual_seed(0)
     assert check_values(torch.randn(40) * 0.1, exp["w"], torch.float32)[0] is None
     shifted = check_values(torch.randn(40) * 0.1 + 0.2, exp["w"], torch.float32)[0]
-    assert shifted.startswith("not distributed like a fresh draw of Custom.reset_parameters: KS statistic")
-    assert "all 40 values equal" in check_values(torch.full((40,), 0.01), exp["w"], torch.float32)[0]
+    assert shifted.fields == {"problems": ["not_like_fresh"]}
+    assert shifted.message.startswith("not distributed like a fresh draw of Custom.reset_parameters: KS statistic")
+    constant = check_values(torch.full((40,), 0.01), exp["w"], torch.float32)[0]
+    assert constant.fields == {"problems": ["constant"]} and "all 40 values equal" in constant.message
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

@@ -67,8 +67,16 @@ def test_a_parameter_thunder_got_wrong_is_a_finding_not_a_crash(
         assert out["weight"].isnan().all()
         assert out.defects == {"weight": f"rank 0: {named}"}
         found = Findings()
-        assert not found.close("gradients at step 0", out, {"weight": torch.ones(2, 3), "bias": out["bias"]})
-        assert found.failures == [f"gradients at step 0 [weight]: not gathered as Thunder held it: rank 0: {named}"]
+        expected = {"weight": torch.ones(2, 3), "bias": out["bias"]}
+        assert not found.close(
+            "numerics.tensor", "gradients at step 0", out, expected, fields={"quantity": "gradients"}
+        )
+        [failure] = found.found
+        assert (failure.code, failure.fields) == (
+            "numerics.tensor",
+            {"quantity": "gradients", "name": "weight", "problem": "not gathered"},
+        )
+        assert failure.message == f"gradients at step 0 [weight]: not gathered as Thunder held it: rank 0: {named}"
 
 
 def test_a_tensor_left_on_meta_copies_as_values_no_comparison_takes_for_eagers() -> None:

@@ -241,7 +241,7 @@ def judge_hostile(reader: str, composition: str, wrong: Wrong) -> None:
     new: list[str] = []
     for name, area in _areas(record.cell).items():
         found: Findings = judged(area.check, record)
-        assert found.crash is None, f"{name} crashed on {wrong}:\n{found.crash.traceback}"
+        assert found.crash is None, f"{name} crashed on {wrong}:\n{found.crash.error}"
         new += [f for f in found.failures if f not in before[name]]
     assert any(wrong.name in f for f in new), f"{wrong} read by {reader}: no new finding names it; new: {new}"
 

@@ -6,6 +6,7 @@ judged on failures given here, with a runner and an item stood in for."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from conformance.checks.findings import Failure
 from conformance.frontend import ledger, xfails
-from conformance.frontend.verdict import Conformance
+from conformance.frontend.verdict import Conformance, Grouped
 from conformance.matrix.cells import Cell
 from conformance.reports.comparison import compare
 from conformance.reports.comparison_markdown import markdown
@@ -24,11 +26,22 @@ from tests.support.suite_runs import ROOT
 
 CELL = Cell("tied_lm", "real", "fsdp_jit", bucketing="layer")
 AREA = "collectives"
-TEMPLATE = "forward all_gathers: expected {expected}, got {unbucketed} (the count without bucketing)"
-FAILURE = "forward all_gathers: expected 3, got 6 (the count without bucketing)"
-OTHER = "backward reduce_scatters: expected 3, got 7"  # explained by no entry of any version
-# what the kit derived for each failure: the cell expects 3 all-gathers, 6 without bucketing
-DERIVED = {FAILURE: {"expected": 3, "unbucketed": 6}, OTHER: {"expected": 3, "unbucketed": 6}}
+COUNT = {"code": "collectives.count", "phase": "forward", "kind": "all_gather"}
+TEMPLATE = {**COUNT, "got": "{unbucketed}", "alternative": "unbucketed"}
+# what the kit derived for each count: the cell expects 3 all-gathers, 6 without bucketing
+DERIVED = {"expected": 3, "unbucketed": 6}
+FAILURE = Failure(
+    "collectives.count",
+    "forward all_gathers: expected 3, got 6 (the count without bucketing)",
+    {"phase": "forward", "kind": "all_gather", "got": 6, "alternative": "unbucketed"},
+    DERIVED,
+)
+OTHER = Failure(  # explained by no entry of any version
+    "collectives.count",
+    "backward reduce_scatters: expected 3, got 7",
+    {"phase": "backward", "kind": "reduce_scatter", "got": 7},
+    DERIVED,
+)
 REASON = "bucketing_strategy is stored but not applied. One all-gather per parameter, as with NONE."
 REPRO = "repro: python -m pytest conformance/test_collectives.py"
 NODE = f"conformance/test_collectives.py::test_collectives[{CELL.id}]"
@@ -50,10 +63,9 @@ def entry(**fields: Any) -> xfails.Expectation:
 def judge(
     entries: list[xfails.Expectation],
     version: str | None,
-    *failures: str,
+    *failures: Failure,
     cell: Cell = CELL,
     area: str = AREA,
-    derived: dict[str, dict[str, float]] | None = None,
 ) -> tuple[type[BaseException] | None, str, list[tuple[str, str]]]:
     """The exception the verdict raised (None: conforms), its message, and the item's
     user_properties but the templates' ledger (tests/unit/test_template_ledger.py)."""
@@ -66,8 +78,10 @@ def judge(
     )
     node = SimpleNamespace(user_properties=[])
     try:
-        found = {f: [0, 1] for f in failures}
-        Conformance(runner, node)._judge(cell, area, found, REPRO, record=True, derived=derived or DERIVED)  # type: ignore[arg-type]
+        found = Grouped()
+        for failure in failures:
+            found.add(failure, [0, 1])
+        Conformance(runner, node)._judge(cell, area, found, REPRO, record=True)  # type: ignore[arg-type]
     except (pytest.fail.Exception, xfails.KnownNonConformance) as exc:
         return type(exc), str(exc), _without_ledger(node.user_properties)
     return None, "", _without_ledger(node.user_properties)
@@ -92,8 +106,24 @@ def test_a_fork_version_fails_naming_the_entry_for_other_versions() -> None:
     [(key, value), (only, every)] = props
     assert key == "known_elsewhere" and (only, json.loads(every)) == ("known_elsewhere_only", True)
     assert json.loads(value) == [
-        {"entry": "xfails.toml:12", "thunder": ["==0.2.6", "==0.2.7.dev20260201"], "explains": [FAILURE], "note": NOTE}
+        {
+            "entry": "xfails.toml:12",
+            "thunder": ["==0.2.6", "==0.2.7.dev20260201"],
+            "explains": [FAILURE.message],
+            "note": NOTE,
+        }
     ]
+
+
+def test_an_entry_elsewhere_is_found_by_code_and_fields_not_the_message() -> None:
+    reworded = dataclasses.replace(FAILURE, message="six all-gathers where the model implies three")
+    _, message, props = judge([entry()], "0.2.6.dev0", reworded)
+    assert message.splitlines()[-2] == NOTE
+    assert json.loads(props[0][1])[0]["explains"] == [reworded.message]
+    # the message it was excused under, on another count: nothing known
+    wrong = dataclasses.replace(FAILURE, fields={**FAILURE.fields, "got": 7})
+    _, message, props = judge([entry()], "0.2.6.dev0", wrong)
+    assert "known on" not in message and props == []
 
 
 def test_the_declared_version_is_excused_as_before() -> None:
@@ -101,7 +131,7 @@ def test_the_declared_version_is_excused_as_before() -> None:
     assert raised is xfails.KnownNonConformance
     assert message.splitlines() == [
         f"{CELL.id} does not conform ({AREA}):",
-        f"  ranks [0, 1]: {FAILURE}  [expected: xfails]",
+        f"  ranks [0, 1]: {FAILURE.message}  [expected: xfails]",
         REPRO,
     ]
     assert props == []
@@ -112,9 +142,9 @@ def test_a_partial_explanation_names_the_failures_it_explains() -> None:
     assert raised is pytest.fail.Exception
     assert message.splitlines()[-2] == (
         "known on ==0.2.6, ==0.2.7.dev20260201 (xfails.toml:12), not declared for 0.2.6.dev0, "
-        f'for 1 of the 2 unexpected failures ("{FAILURE}"): bucketing_strategy is stored but not applied.'
+        f'for 1 of the 2 unexpected failures ("{FAILURE.message}"): bucketing_strategy is stored but not applied.'
     )
-    assert json.loads(props[0][1])[0]["explains"] == [FAILURE]
+    assert json.loads(props[0][1])[0]["explains"] == [FAILURE.message]
     assert props[1] == ("known_elsewhere_only", "false")  # the other failure is new on any version
 
 
@@ -131,14 +161,20 @@ def test_an_item_failing_on_the_declared_version_names_no_entry_it_already_holds
         entry(area="memory"),  # another area
         entry(when={"bucketing": ["block"]}),  # other cells
         entry(when={"bucketing": ["layer"], "backend": ["nccl"]}),  # another backend
-        entry(failures=["forward all_gathers: expected {expected}, got 0 (the count under ZERO2)"]),  # other failures
-        entry(failures=["forward all_gathers: expected {expected}, got {expected} (the count without bucketing)"]),
+        entry(failures=[{**COUNT, "got": 0, "alternative": "zero2"}]),  # other failures
+        entry(failures=[{**COUNT, "got": "{expected}", "alternative": "unbucketed"}]),  # another number
+        entry(failures=[{**COUNT, "got": "{unbucketed}"}]),  # fewer fields
+        entry(failures=[{**TEMPLATE, "code": "collectives.bytes"}]),  # another code
     ],
 )
 def test_an_entry_that_would_not_explain_the_failure_here_adds_nothing(other: xfails.Expectation) -> None:
     raised, message, props = judge([other], "0.2.6.dev0", FAILURE)
     assert raised is pytest.fail.Exception
-    assert message.splitlines() == [f"{CELL.id} does not conform ({AREA}):", f"  ranks [0, 1]: {FAILURE}", REPRO]
+    assert message.splitlines() == [
+        f"{CELL.id} does not conform ({AREA}):",
+        f"  ranks [0, 1]: {FAILURE.message}",
+        REPRO,
+    ]
     assert props == []
 
 
@@ -169,9 +205,16 @@ def test_the_record_summary_and_comparison_show_it(tmp_path: Path) -> None:
     """The item's user_properties through the report writer: report.json's record carries
     known_elsewhere, summary.md shows the line past the findings it prints, and a comparison
     with a run where the item passed names the versions beside the regression."""
-    findings = [f"forward all_gathers: expected {n}, got {n + 3} (the count without bucketing)" for n in range(14)]
-    derived = {f: {"expected": n, "unbucketed": n + 3} for n, f in enumerate(findings)}
-    _, message, props = judge([entry()], "0.2.6.dev0", *findings, derived=derived)
+    findings = [
+        Failure(
+            "collectives.count",
+            f"forward all_gathers: expected {n}, got {n + 3} (the count without bucketing)",
+            {"phase": "forward", "kind": "all_gather", "got": n + 3, "alternative": "unbucketed"},
+            {"expected": n, "unbucketed": n + 3},
+        )
+        for n in range(14)
+    ]
+    _, message, props = judge([entry()], "0.2.6.dev0", *findings)
     session = SessionInfo("gloo", 2, "ci", False, ROOT / "xfails.toml", True)
     reporter = Reporter(tmp_path / "report", session)
     for when, outcome, longrepr in (("call", "failed", message), ("teardown", "passed", None)):
@@ -185,7 +228,7 @@ def test_the_record_summary_and_comparison_show_it(tmp_path: Path) -> None:
     [record] = report["cells"]
     assert record["outcome"] == "failed"
     [known] = record["known_elsewhere"]
-    assert known["entry"] == "xfails.toml:12" and known["explains"] == findings
+    assert known["entry"] == "xfails.toml:12" and known["explains"] == [f.message for f in findings]
     assert NOTE.split(":", 1)[0] in record["message"]
     summary = (tmp_path / "report" / "summary.md").read_text()
     assert known["note"] in summary  # the 15th line of the message

@@ -173,7 +173,7 @@ def _append(path: Path, line: str) -> None:
         ("conformance/world/launch.py", "from conformance.matrix.cells import Cell", "launch (world) imports"),
         ("conformance/frontend/verdict.py", "import conformance.rank.entry", "verdict (frontend) imports"),
         ("conformance/reports/summary.py", "from conformance.frontend import runner", "summary (reports) imports"),
-        ("conformance/checks/memory.py", "from ..rank import measure", "memory (checks) imports"),
+        ("conformance/checks/memory/__init__.py", "from ...rank import measure", "memory (checks) imports"),
     ],
     ids=[
         "check-imports-rank",

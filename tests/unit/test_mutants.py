@@ -20,9 +20,7 @@ from cosmic_ray.mutating import mutate_code
 from conformance.checks.materialization import reset_error
 from conformance.matrix.cells import Cell
 from conformance.mutants import equivalents, report, sites, trial
-from conformance.mutants.operators import KIT, NAMES
-from conformance.mutants.overlay import Overlay, installed_thunder
-from conformance.mutants.verdict import (
+from conformance.mutants.kills import (
     INCOMPETENT,
     KIT_ERROR,
     NOT_COVERED,
@@ -34,6 +32,8 @@ from conformance.mutants.verdict import (
     classify,
     raises,
 )
+from conformance.mutants.operators import KIT, NAMES
+from conformance.mutants.overlay import Overlay, installed_thunder
 from conformance.reports.coverage_map import CellLines, CoverageMap, file_lines
 from tests.support.fake_thunder import SOURCE, fake_thunder
 
@@ -249,7 +249,7 @@ def test_verdicts_read_off_the_report() -> None:
     assert v.outcome == SILENT and v.findings == ("xfails.toml:113: stale: the item conforms now",)
     stopped = "b does not conform (memory): the cell stopped on what Thunder returned\n  ranks [0]: step 0: shape (2,)"
     assert classify({"cells": [_item("b", "memory", "failed", stopped)]}, 1).outcome == SILENT
-    broke = "the kit broke, not Thunder: b (memory): rank 0: a check raised at conformance/checks/memory.py:9"
+    broke = "the kit broke, not Thunder: b (memory): rank 0: a check raised at conformance/checks/memory/__init__.py:9"
     assert classify({"cells": [_item("b", "memory", "error", broke)]}, 1).outcome == KIT_ERROR
     refused = {"cells": [], "cells_not_collected": ["b"], "exit_status": 5}
     assert classify(refused, 1).outcome == RAISED

@@ -14,10 +14,10 @@ from pathlib import Path
 from conformance.mutants import __main__ as cli
 from conformance.mutants import report, sites, trial
 from conformance.mutants.__main__ import main
+from conformance.mutants.kills import KIT_ERROR, SILENT, SURVIVED, Verdict
 from conformance.mutants.operators import KEPT_RUNNING, NAMES
 from conformance.mutants.overlay import installed_thunder
 from conformance.mutants.store import Session
-from conformance.mutants.verdict import KIT_ERROR, SILENT, SURVIVED, Verdict
 from conformance.reports.changed_lines import from_unified_diff
 from conformance.reports.coverage_map import CoverageMap, file_lines
 from tests.support.fake_thunder import SOURCE, fake_thunder

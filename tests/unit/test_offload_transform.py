@@ -132,7 +132,7 @@ def test_the_forward_handed_to_the_transform_predicts_what_the_final_one_returns
     """The offload area judges residency against the forward Thunder handed the transform (its
     Decision), each chosen tensor returned as its copy: with a correct Thunder that is, to the
     byte, what the final trace's data flow returns."""
-    from conformance.checks.dataflow import estimated_returned
+    from conformance.checks.memory.dataflow import estimated_returned
     from transforms.offload import OffloadTransform
 
     cpu = torch.device("cpu")

@@ -158,17 +158,17 @@ def test_sharding_names_a_shard_one_row_off_a_wrong_shape_nan_and_a_missing_one(
 
 
 def test_ranks_whose_collective_sequence_differs_are_named_with_the_first_difference() -> None:
-    from conformance.checks.collectives import SEQUENCE
-    from conformance.checks.findings import CellResult, Findings
-    from conformance.frontend.verdict import _sequences_differ
+    from conformance.checks.collectives import AREA, SEQUENCE, sequences_differ
+    from conformance.checks.findings import Findings
 
-    def answer(seq: list[str]) -> CellResult:
-        return CellResult({"collectives": Findings(metrics={SEQUENCE: seq})})
+    def answer(seq: list[str]) -> Findings:
+        return Findings(metrics={SEQUENCE: seq})
 
     same = ["forward all_gather float32 40 B", "forward all_gather float32 12 B"]
     swapped = list(reversed(same))
     results = [answer(same), answer(swapped), answer(same), answer([*swapped, "backward reduce_scatter float32 4 B"])]
-    assert _sequences_differ([0, 1, 500, 999], results) == [
+    differing = sequences_differ([0, 1, 500, 999], results)
+    assert [(a.failure.message, a.ranks) for a in differing] == [
         (
             "collective sequence differs from rank 0's (2 collectives, rank 0 2): "
             "at #0 forward all_gather float32 12 B, rank 0 forward all_gather float32 40 B",
@@ -180,7 +180,14 @@ def test_ranks_whose_collective_sequence_differs_are_named_with_the_first_differ
             [999],
         ),
     ]
-    assert _sequences_differ([0, 1], [answer(same), answer(same)]) == []
+    # both are the same failure by code and fields: where the sequences first differ, and how
+    fields = {"at": 0, "got": "forward all_gather float32 12 B", "first_rank": "forward all_gather float32 40 B"}
+    assert [(a.failure.code, a.failure.fields) for a in differing] == [("collectives.sequence", fields)] * 2
+    assert sequences_differ([0, 1], [answer(same), answer(same)]) == []
+    # a rank that issued fewer: "nothing" where the first rank issued one
+    [short] = sequences_differ([0, 1], [answer(same), answer(same[:1])])
+    assert short.ranks == [1] and short.failure.fields == {"at": 1, "got": "nothing", "first_rank": same[1]}
+    assert AREA.across_ranks is sequences_differ  # the front end judges the ranks through the hook
 
 
 def test_a_repro_names_the_profile_that_picked_its_cell() -> None:

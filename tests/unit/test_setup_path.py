@@ -1,5 +1,5 @@
 """Setup's peak under meta init along Thunder's materialization path
-(conformance/checks/setup_path.py), by hand on the kit's mlp (fc1: 20x12, fc2: 7x20, float32)
+(conformance/checks/memory/setup_path.py), by hand on the kit's mlp (fc1: 20x12, fc2: 7x20, float32)
 from eager's own readings (conformance/rank/module_init.py), and on hand-made models for the
 paths mlp does not take: ties, a buffer the reset replaces, a module without reset_parameters."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from conformance.checks.memory.setup_path import setup_path
 from conformance.checks.record import ModuleInit
-from conformance.checks.setup_path import setup_path
 from conformance.rank.module_init import module_inits
 from fixtures.toy_models import MLP
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from conformance.checks.findings import Failure
 from conformance.frontend import ledger, xfails
-from conformance.frontend.verdict import Conformance
+from conformance.frontend.verdict import Conformance, Grouped
 from conformance.matrix.cells import Cell
 from conformance.reports.session import SessionInfo
 from conformance.reports.writer import Reporter
@@ -23,11 +24,24 @@ from tests.support.suite_runs import ROOT
 PIN = "0.2.7.dev20260201"
 CELL = Cell("mlp", "real", "fsdp_jit", bucketing="layer")
 INFER = Cell("mlp", "real", "fsdp_jit", bucketing="layer", scenario="infer")
-FORWARD = "forward all_gathers: expected {expected}, got {unbucketed} (the count without bucketing)"
-BACKWARD = "backward reduce_scatters: expected {expected}, got {unbucketed} (the count without bucketing)"
-NO_GRAD = {"template": "no_grad " + FORWARD, "when": {"scenario": ["infer"]}}
+UNBUCKETED = {"got": "{unbucketed}", "alternative": "unbucketed"}
+FORWARD = {"code": "collectives.count", "phase": "forward", "kind": "all_gather", **UNBUCKETED}
+BACKWARD = {"code": "collectives.count", "phase": "backward", "kind": "reduce_scatter", **UNBUCKETED}
+NO_GRAD = {**FORWARD, "phase": "no_grad forward", "when": {"scenario": ["infer"]}}
 # the cell's model: 2 layers of 2 parameters each, so 2 buckets under LAYER and 4 without
 DERIVED = {"expected": 2, "unbucketed": 4}
+
+
+def count(phase: str, kind: str, got: int = 4) -> Failure:
+    """A count of the cell as collectives records it, derived as DERIVED; 4 is the count
+    without bucketing."""
+    message = f"{phase} {kind}s: expected 2, got {got} (the count without bucketing)"
+    return Failure(
+        "collectives.count", message, {"phase": phase, "kind": kind, "got": got, "alternative": "unbucketed"}, DERIVED
+    )
+
+
+FORWARD_FOUND = count("forward", "all_gather")
 
 
 def entry(*failures: Any, thunder: str = f"=={PIN}") -> xfails.Expectation:
@@ -42,8 +56,8 @@ def entry(*failures: Any, thunder: str = f"=={PIN}") -> xfails.Expectation:
     )
 
 
-def judge(entries: list[xfails.Expectation], cell: Cell, *messages: str) -> tuple[str, list[tuple[str, str]]]:
-    """The verdict (passed, xfailed, failed) on ``messages``, each derived as DERIVED, and the item's properties."""
+def judge(entries: list[xfails.Expectation], cell: Cell, *failures: Failure) -> tuple[str, list[tuple[str, str]]]:
+    """The verdict (passed, xfailed, failed) on ``failures`` (each on ranks 0 and 1), and the item's properties."""
     runner = SimpleNamespace(
         expectations=entries,
         thunder_version=PIN,
@@ -51,9 +65,11 @@ def judge(entries: list[xfails.Expectation], cell: Cell, *messages: str) -> tupl
         known=lambda c, a: [e for e in entries if e.covers(c, a, PIN, "gloo")],
     )
     node = SimpleNamespace(user_properties=[])
-    found = {m: [0, 1] for m in messages}
+    found = Grouped()
+    for failure in failures:
+        found.add(failure, [0, 1])
     try:
-        Conformance(runner, node)._judge(cell, "collectives", found, "repro", True, {m: DERIVED for m in messages})  # type: ignore[arg-type]
+        Conformance(runner, node)._judge(cell, "collectives", found, "repro", True)  # type: ignore[arg-type]
     except xfails.KnownNonConformance:
         return "xfailed", node.user_properties
     except pytest.fail.Exception:
@@ -85,27 +101,31 @@ def run(entries: list[xfails.Expectation], items: dict[str, list[tuple[str, str]
 def test_a_template_that_matched_nothing_fails_the_whole_run() -> None:
     entries = [entry(FORWARD, BACKWARD)]
     # the item is excused: its one failure matches the first template; the second matched nothing
-    outcome, props = judge(entries, CELL, "forward all_gathers: expected 2, got 4 (the count without bucketing)")
+    outcome, props = judge(entries, CELL, FORWARD_FOUND)
     assert outcome == "xfailed"
     book, session = run(entries, {"a": props})
     assert session.exitstatus == pytest.ExitCode.TESTS_FAILED
     [stale] = book.stale
-    assert (stale.entry, stale.index, stale.text, stale.items) == ("xfails.toml:12", 1, BACKWARD, 1)
-    assert "stale xfails template (entry xfails.toml:12)" in stale.line()
+    assert (stale.entry, stale.index, stale.text, stale.items) == ("xfails.toml:12", 1, entries[0].templates[1].text, 1)
+    # the line names the template by its code and fields, as people read them
+    text = "collectives.count {phase='backward', kind='reduce_scatter', got={unbucketed}, alternative='unbucketed'}"
+    assert stale.text == text
+    assert "stale xfails template (entry xfails.toml:12)" in stale.line() and text in stale.line()
 
 
 def test_every_template_matching_somewhere_is_not_stale() -> None:
     entries = [entry(FORWARD, BACKWARD)]
-    _, a = judge(entries, CELL, "forward all_gathers: expected 2, got 4 (the count without bucketing)")
-    _, b = judge(entries, CELL, "backward reduce_scatters: expected 2, got 4 (the count without bucketing)")
+    _, a = judge(entries, CELL, FORWARD_FOUND)
+    _, b = judge(entries, CELL, count("backward", "reduce_scatter"))
     book, session = run(entries, {"a": a, "b": b})
     assert book.stale == [] and book.judged is None and session.exitstatus == pytest.ExitCode.OK
 
 
 def test_a_derived_number_that_differs_is_not_excused_and_the_template_is_stale() -> None:
-    # got 5: not the count without bucketing (4) the kit derived for the cell (a second bug)
+    # got 5: not the count without bucketing (4) the kit derived for the cell (a second bug),
+    # though every field is named as the template names it
     entries = [entry(FORWARD)]
-    outcome, props = judge(entries, CELL, "forward all_gathers: expected 2, got 5 (the count without bucketing)")
+    outcome, props = judge(entries, CELL, count("forward", "all_gather", got=5))
     assert outcome == "failed"
     book, _ = run(entries, {"a": props})
     assert [s.index for s in book.stale] == [0]
@@ -113,7 +133,7 @@ def test_a_derived_number_that_differs_is_not_excused_and_the_template_is_stale(
 
 def test_a_template_naming_no_cell_that_ran_is_not_judged() -> None:
     entries = [entry(FORWARD, NO_GRAD)]  # no infer cell ran
-    _, props = judge(entries, CELL, "forward all_gathers: expected 2, got 4 (the count without bucketing)")
+    _, props = judge(entries, CELL, FORWARD_FOUND)
     assert json.loads(dict(props)[ledger.PROPERTY]) == {
         "covered": [["xfails.toml:12", 0]],
         "matched": [["xfails.toml:12", 0]],
@@ -121,7 +141,7 @@ def test_a_template_naming_no_cell_that_ran_is_not_judged() -> None:
     book, session = run(entries, {"a": props})
     assert book.stale == [] and session.exitstatus == pytest.ExitCode.OK
     # once one ran, it is: the infer cell's no_grad forward conformed
-    _, infer = judge(entries, INFER, "forward all_gathers: expected 2, got 4 (the count without bucketing)")
+    _, infer = judge(entries, INFER, FORWARD_FOUND)
     book, _ = run(entries, {"a": props, "b": infer})
     assert [s.index for s in book.stale] == [1]
 
@@ -136,7 +156,7 @@ def test_a_template_naming_no_cell_that_ran_is_not_judged() -> None:
 )
 def test_a_partial_run_calls_no_template_stale(whole: bool, kw: dict[str, Any], why: str) -> None:
     entries = [entry(FORWARD, BACKWARD)]
-    _, props = judge(entries, CELL, "forward all_gathers: expected 2, got 4 (the count without bucketing)")
+    _, props = judge(entries, CELL, FORWARD_FOUND)
     book, session = run(entries, {"a": props}, whole, **kw)
     assert book.stale == [] and session.exitstatus == pytest.ExitCode.OK
     assert book.to_json() == {"judged": False, "not_judged": book.judged, "stale": []}
@@ -145,7 +165,7 @@ def test_a_partial_run_calls_no_template_stale(whole: bool, kw: dict[str, Any], 
 
 def test_an_entry_for_other_versions_is_not_judged() -> None:
     older = entry(FORWARD, BACKWARD, thunder="==0.2.1")
-    _, props = judge([older], CELL, "forward all_gathers: expected 2, got 4 (the count without bucketing)")
+    _, props = judge([older], CELL, FORWARD_FOUND)
     assert ledger.PROPERTY not in dict(props)  # it covers nothing here: nothing recorded
     book, _ = run([older], {"a": props})
     assert book.stale == []
@@ -153,7 +173,7 @@ def test_an_entry_for_other_versions_is_not_judged() -> None:
 
 def test_report_json_and_summary_name_the_stale_template(tmp_path: Path) -> None:
     entries = [entry(FORWARD, BACKWARD)]
-    _, props = judge(entries, CELL, "forward all_gathers: expected 2, got 4 (the count without bucketing)")
+    _, props = judge(entries, CELL, FORWARD_FOUND)
     book, session = run(entries, {"a": props})
     reporter = Reporter(tmp_path, SessionInfo("gloo", 2, "ci", False, ROOT / "xfails.toml", True), ledger=book)
     reporter.pytest_sessionfinish(session, 0)  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ Slurm or a person restarts one) serves every later cell, each judged as in a cle
 reports are whole, and nothing of the run outlives it.
 
 One suite run holds the whole matrix: node 1 (its join agent, torchrun and rank 1, SIGKILLed
-at once by rank 1: see conformance/rank/chaos.py) is lost in the first composition probe,
+at once by rank 1: see conformance/rank/faults.py) is lost in the first composition probe,
 each of the cheapest real cells of ci loses it at another phase, the cheapest is left
 clean, and the agent serving node 1 at the end is SIGKILLed while the reports are written.
 The test keeps an agent running on "node 1" throughout, starting a new one whenever the

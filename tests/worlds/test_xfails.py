@@ -5,6 +5,7 @@ as stale. (tests/unit/test_xfails_file.py: templates, versions and bad files, wi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -27,16 +28,21 @@ def _storages() -> int:
     return expected_counts(MODELS["tied_lm"].build(True), "zero2", "none")["forward"]["all_gather"]
 
 
-def _xfails(tmp_path: Path, when: str, failures: list[str]) -> Path:
+def _table(failure: dict[str, str]) -> str:
+    """A failure's code and fields as an xfails entry writes them: a TOML inline table."""
+    return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in failure.items()) + " }"
+
+
+def _xfails(tmp_path: Path, when: str, failures: list[dict[str, str]]) -> Path:
     path = tmp_path / "xfails.toml"
-    quoted = ", ".join(f'"{f}"' for f in failures)
+    tables = ", ".join(map(_table, failures))
     path.write_text(
         f"""# a comment, so that the entry is on line 3
 
 [[xfail]]
 area = "collectives"
 when = {when}
-failures = [{quoted}]
+failures = [{tables}]
 {PIN}
 reason = "planted: a tied weight gathered once per name"
 link = "tests/planted/fsdp_transform.py"
@@ -45,14 +51,19 @@ link = "tests/planted/fsdp_transform.py"
     return path
 
 
-def _pinned(more: int) -> list[str]:
+def _count(phase: str, kind: str, more: int) -> dict[str, str]:
+    return {"code": "collectives.count", "phase": phase, "kind": kind, "got": f"{{expected+{more}}}"}
+
+
+def _pinned(more: int) -> list[dict[str, str]]:
     # duplicate_tied_all_gather gathers the tied weight once per name: one more all-gather,
     # one more reduce-scatter, and more bytes (at most world-size times), than there are storages
+    moved = "{expected+1..expected_times_world_size}"
     return [
-        f"forward all_gathers: expected {{expected}}, got {{expected+{more}}}",
-        f"backward reduce_scatters: expected {{expected}}, got {{expected+{more}}}",
-        "forward all-gathered bytes: expected {expected}, got {expected+1..expected_times_world_size}",
-        "backward reduce-scattered bytes: expected {expected}, got {expected+1..expected_times_world_size}",
+        _count("forward", "all_gather", more),
+        _count("backward", "reduce_scatter", more),
+        {"code": "collectives.bytes", "phase": "forward", "kind": "all_gather", "got": moved},
+        {"code": "collectives.bytes", "phase": "backward", "kind": "reduce_scatter", "got": moved},
     ]
 
 
@@ -86,7 +97,7 @@ def test_entry_excuses_exactly_what_it_pins(tmp_path, failures, outcome: str) ->
 
 
 def test_stale_entry_fails_the_item_it_covers(tmp_path) -> None:
-    xfails = _xfails(tmp_path, '{ model = ["mlp"] }', ["forward all_gathers: expected {expected}, got {expected+1}"])
+    xfails = _xfails(tmp_path, '{ model = ["mlp"] }', [_count("forward", "all_gather", 1)])
     run = run_suite(tmp_path, *("--profile", "smoke", "--xfails", str(xfails), "-k", "test_collectives and mlp"))
     outcomes = run.outcomes("collectives")
     assert outcomes[MLP_CELL] == "failed", run.output

@@ -42,13 +42,13 @@ def judge_dropout(found: Findings, masks: list[list[torch.Tensor]], p: float, se
     dropped = sum(int((~m).sum()) for *_, m in flat) / n
     bound = RATE_Z * math.sqrt(p * (1 - p) / n)
     found.metrics["dropout fraction dropped"] = {"measured": dropped, "p": p, "bound": bound, "values": n}
-    with found.expect("dropout fraction dropped"):
+    with found.expect("numerics.dropout_fraction", "dropout fraction dropped"):
         assert abs(dropped - p) <= bound, (
             f"{dropped:.4f} of {n} outputs dropped over {len(masks)} steps and every rank, expected p = {p} within "
             f"{bound:.4f} ({RATE_Z:.2f} binomial standard deviations, a false alarm {ALPHA:g})"
         )
     for axis, what in ((1, "rows"), (0, "columns")):
-        with found.expect(f"dropout masks' {what}"):
+        with found.expect("numerics.dropout_dispersion", f"dropout masks' {what}", along=what):
             _dispersion(flat, axis, dropped, what)
     _agreement(found, flat, seeded_apart)
 
@@ -92,7 +92,7 @@ def _agreement(found: Findings, flat: list[tuple[int, int, torch.Tensor]], acros
                 continue  # a mask dropping nothing or everything: the rate's finding
             phi = float(torch.corrcoef(torch.stack([x, y]))[0, 1])
             z = phi * math.sqrt(x.numel())
-            with found.expect(label):
+            with found.expect("numerics.dropout_agreement", label, step=k, ranks=sorted({r, t})):
                 if z > critical:
                     failing.add(label)
                 other = f"step {s_}" if r == t else f"rank {t}"

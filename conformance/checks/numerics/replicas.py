@@ -23,9 +23,9 @@ def judge_replicas(found: Findings, k: int, step: StepRecord, failed: set[str]) 
             continue
         failed.add(key)
         where = "; ".join(f"[{name}] {_ranks(apart[name])}" for name in sorted(apart))
-        found.failures.append(
-            f"replicas at step {k} ({step.optimizer}): {kind} differ from rank 0's bit for bit: {where}"
-        )
+        message = f"replicas at step {k} ({step.optimizer}): {kind} differ from rank 0's bit for bit: {where}"
+        fields = {"step": k, "optimizer": step.optimizer, "quantity": kind, "names": sorted(apart)}
+        found.fail("numerics.replicas", message, **fields)
 
 
 def _ranks(apart: list[Apart]) -> str:

@@ -29,14 +29,17 @@ def judge_scenario(found: Findings, record: ScenarioRecord, dtype: torch.dtype, 
     if record.error is not None:
         # the first line names the kind of refusal (what an xfails entry pins), the next what Thunder said
         kind = record.error.split(":", 1)[0]
-        found.failures.append(f"{first} {phrase}: Thunder raised {kind}\n{record.error}")
+        message = f"{first} {phrase}: Thunder raised {kind}\n{record.error}"
+        found.fail("numerics.scenario_raised", message, quantity=first, scenario=record.scenario, raised=kind)
         return
     if record.requires_grad is not None:
-        with found.expect(f"output {phrase} needs no gradient"):
+        with found.expect("numerics.requires_grad", f"output {phrase} needs no gradient", scenario=record.scenario):
             assert not record.requires_grad, "it requires grad: Thunder recorded the computation for a backward"
     if record.output is not None and record.eager_output is not None:
         actual, expected = {"output": record.output}, {"output": record.eager_output}
-        compare(found, f"output {phrase}", actual, expected, named_output(record.twin_output), dtype)
+        fields = {"quantity": "output", "scenario": record.scenario}
+        twin = named_output(record.twin_output)
+        compare(found, f"output {phrase}", actual, expected, twin, dtype, fields=fields)
     if record.grads is None or record.eager_grads is None:
         return
     what = f"gradients {phrase}"
@@ -44,13 +47,14 @@ def judge_scenario(found: Findings, record: ScenarioRecord, dtype: torch.dtype, 
     # the twin holds the same weights; each micro-step accumulated adds one more addition
     additions = world - 1 + (MICRO_STEPS - 1 if record.scenario == "accumulate" else 0)
     local = Local.of(record.local, record.twin_grads, additions, dtype)
-    ok = compare(scratch, what, record.grads, record.eager_grads, record.twin_grads, dtype, local=local)
+    fields = {"quantity": "gradients", "scenario": record.scenario}
+    ok = compare(scratch, what, record.grads, record.eager_grads, record.twin_grads, dtype, local=local, fields=fields)
     found.metrics.update(scratch.metrics)
     if ok:
         return
     for name, (eager_model, twin) in record.alternatives.items():
         local = Local.of(record.alternatives_local.get(name), twin, additions, dtype)
         if compare(Findings(), what, record.grads, eager_model, twin, dtype, local=local):
-            found.failures.append(f"{what}: equal {name}")
+            found.fail("numerics.scenario_equals", f"{what}: equal {name}", scenario=record.scenario, equals=name)
             return
-    found.failures += scratch.failures
+    found.found += scratch.found

@@ -65,7 +65,7 @@ def setup_path(
     world: int | None,
     device: torch.device | str,
 ) -> SetupPath:
-    """``materialize``: "module", "original" or "transformed" (conformance.matrix.plan);
+    """``materialize``: "module", "original" or "transformed" (conformance.matrix.initialization);
     ``handed_over``: the state dict the kit hands over, if any; ``resident``: the shards (or
     whole tensors) and buffers without 0-d ones; ``world``: the pieces each parameter is cut
     in (None: not cut, DDP)."""

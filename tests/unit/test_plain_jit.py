@@ -1,4 +1,4 @@
-"""Plain jit's plan (conformance/rank/plain.py): rank 0 compiles it once per key and hands it to
+"""Plain jit's plan (conformance/rank/plain_jit.py): rank 0 compiles it once per key and hands it to
 the world; a Thunder patched in for a block (the kit's planted bugs, in worlds that outlive
 the patch) neither takes the installed Thunder's plans nor leaves its own behind."""
 
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from conformance.checks.record import PlainPlan
-from conformance.rank import plain
+from conformance.rank import plain_jit
 
 
 @pytest.fixture
@@ -22,11 +22,11 @@ def compiles(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str | None]]:
     made: list[str | None] = []
 
     def compile_(recipe: object) -> PlainPlan:
-        made.append(plain._VARIANT)
+        made.append(plain_jit._VARIANT)
         return PlainPlan(returned=len(made))
 
-    monkeypatch.setattr(plain, "_compile", compile_)
-    monkeypatch.setattr(plain, "_PLANS", {})
+    monkeypatch.setattr(plain_jit, "_compile", compile_)
+    monkeypatch.setattr(plain_jit, "_PLANS", {})
     dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
     try:
         yield made
@@ -40,14 +40,14 @@ def _recipe(model: str = "mlp") -> object:
 
 
 def test_a_plan_is_compiled_once_per_key_and_per_thunder(compiles: list[str | None]) -> None:
-    first = plain.plain_plan(_recipe())
-    assert plain.plain_plan(_recipe()) == first and compiles == [None]
-    with plain.variant("a_planted_bug"):
-        planted = plain.plain_plan(_recipe())
-        assert plain.plain_plan(_recipe()) == planted
+    first = plain_jit.plain_plan(_recipe())
+    assert plain_jit.plain_plan(_recipe()) == first and compiles == [None]
+    with plain_jit.variant("a_planted_bug"):
+        planted = plain_jit.plain_plan(_recipe())
+        assert plain_jit.plain_plan(_recipe()) == planted
     assert planted != first and compiles == [None, "a_planted_bug"]
-    assert plain.plain_plan(_recipe()) == first  # the installed Thunder's again, not the bug's
-    plain.plain_plan(_recipe("tied_lm"))
+    assert plain_jit.plain_plan(_recipe()) == first  # the installed Thunder's again, not the bug's
+    plain_jit.plain_plan(_recipe("tied_lm"))
     assert compiles == [None, "a_planted_bug", None]
 
 
@@ -55,5 +55,5 @@ def test_plain_jit_raising_is_a_plan_that_says_so(compiles: list[str | None], mo
     def raising(recipe: object) -> PlainPlan:
         raise RuntimeError("plain jit cannot trace this model")
 
-    monkeypatch.setattr(plain, "_compile", raising)
-    assert plain.plain_plan(_recipe()).error == "RuntimeError: plain jit cannot trace this model"
+    monkeypatch.setattr(plain_jit, "_compile", raising)
+    assert plain_jit.plain_plan(_recipe()).error == "RuntimeError: plain jit cannot trace this model"

@@ -1,4 +1,4 @@
-"""Memory bugs the plan rows see (``conformance/checks/memory_plan.py``): a runtime that keeps
+"""Memory bugs the plan rows see (``conformance/checks/memory/against_plan.py``): a runtime that keeps
 a tensor past its plan, and a distributed transform whose plan saves what plain
 ``thunder.jit`` of the same model does not. Every bounded memory row passes them."""
 

@@ -22,8 +22,8 @@ import torch
 
 from conformance.checks.buckets import buckets, ddp_bucket_mb, ddp_buckets
 from conformance.checks.declared import UNBUCKETED
+from conformance.checks.memory.setup_path import SetupPath, setup_path
 from conformance.checks.record import CellRecord, SimulatedRecord
-from conformance.checks.setup_path import SetupPath, setup_path
 from conformance.checks.storages import (
     allocated_bytes,
     allocations,
@@ -33,7 +33,7 @@ from conformance.checks.storages import (
     shard_bytes,
     tied_duplicates,
 )
-from conformance.matrix.plan import plan
+from conformance.matrix.initialization import plan
 from fixtures.compositions import COMPOSITIONS
 
 

@@ -1,7 +1,7 @@
 """The plan of plain ``thunder.jit`` on this rank: the cell's model compiled without any
 distributed transform, on the same device, dtype and executors, run forward once on the
 cell's input. What it saves for the backward is the reference the memory area holds the
-distributed forward's plan to (``checks/memory.py``), with FSDP's arithmetic added there.
+distributed forward's plan to (``checks/memory/__init__.py``), with FSDP's arithmetic added there.
 
 Compiled by rank 0 alone, once per (model, tie, dtype, executors) in its process, and handed
 to the other ranks: nothing distributed runs in it, so every rank's would be the same, and
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from conformance.checks.dataflow import estimated_returned
+from conformance.checks.memory.dataflow import estimated_returned
 from conformance.checks.record import PlainPlan
 from conformance.checks.storages import distinct_storages
 from conformance.rank.build import SEED, Recipe

@@ -1,4 +1,4 @@
-"""Peaks along the plan (conformance/checks/plan.py): a real FSDP module's forward and backward,
+"""Peaks along the plan (conformance/checks/memory/liveness.py): a real FSDP module's forward and backward,
 measured by the rank's own tracker, allocate exactly what the walk of their final traces
 predicts; a runtime that keeps one tensor past its ``del`` is over it by that tensor."""
 
@@ -15,7 +15,7 @@ _STEP = """
 import json, os, sys, torch, torch.distributed as dist, thunder
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from thunder.distributed import FSDPType, fsdp
-from conformance.checks.plan import handed_to_backward, sized, walk
+from conformance.checks.memory.liveness import handed_to_backward, sized, walk
 from conformance.rank.eager import loss, loss_region
 from conformance.rank.measure import Ledger
 os.environ["LOCAL_RANK"] = "0"
@@ -49,9 +49,7 @@ print(json.dumps({
 
 
 def _step(how: str) -> dict[str, list]:
-    out = subprocess.run(
-        [sys.executable, "-c", _STEP, how], capture_output=True, text=True, timeout=300, check=True
-    )
+    out = subprocess.run([sys.executable, "-c", _STEP, how], capture_output=True, text=True, timeout=300, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -72,21 +70,21 @@ def test_a_tensor_kept_past_its_del_is_over_the_plan_by_its_bytes() -> None:
 
 
 # the plan read against its own data flow and against FSDP's arithmetic: mlp under ZERO2 on
-# the fake world, compiled plain or under one of the planted plan bugs (tests/planted/plan.py)
+# the fake world, compiled plain or under one of the planted plan bugs (tests/planted/against_plan.py)
 _PLAN = """
 import contextlib, json, os, sys, torch, torch.distributed as dist, thunder
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from thunder.distributed import FSDPType, fsdp
 from conformance.checks.findings import Findings
-from conformance.checks.memory_plan import shards_returned_uncopied
-from conformance.checks.plan import handed_to_backward, walk
-from tests.planted import plan
+from conformance.checks.memory.against_plan import shards_returned_uncopied
+from conformance.checks.memory.liveness import handed_to_backward, walk
+from tests.planted import against_plan
 os.environ["LOCAL_RANK"] = "0"
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
 torch.manual_seed(0)
 m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 7))
 cpu = torch.device("cpu")
-with getattr(plan, sys.argv[1]).patch() if sys.argv[1] != "plain" else contextlib.nullcontext():
+with getattr(against_plan, sys.argv[1]).patch() if sys.argv[1] != "plain" else contextlib.nullcontext():
     tm = fsdp(thunder.jit(m), device=cpu, sharding_strategy=FSDPType.ZERO2)
     tm(torch.randn(3, 8)).sum().backward()
 f = walk(thunder.last_traces(tm)[-1], cpu)

@@ -1,8 +1,8 @@
 """The memory area's rows held to a plan rather than to the model's arithmetic: the
 measured step's peaks against the plan of Thunder's final traces (the runtime judged
-against its own plan, ``plan.py``), and what the forward plans to save against plain
+against its own plan, ``liveness.py``), and what the forward plans to save against plain
 ``thunder.jit`` of the same model (the plan judged against a reference no distributed
-transform touched, ``rank/plain.py``). ``memory.py`` runs both beside its bounds."""
+transform touched, ``rank/plain_jit.py``). The area (``__init__.py``) runs both beside its bounds."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from conformance.checks.dataflow import estimated_returned, tensor_proxies
 from conformance.checks.findings import Findings
-from conformance.checks.memory_terms import GLOO_THREADS, late_release, replicated
-from conformance.checks.plan import Walk, handed_to_backward, sized, walk
+from conformance.checks.memory.arithmetic import GLOO_THREADS, late_release, replicated
+from conformance.checks.memory.dataflow import estimated_returned, tensor_proxies
+from conformance.checks.memory.liveness import Walk, handed_to_backward, sized, walk
 from conformance.checks.record import CellRecord
 from conformance.checks.storages import allocations, distinct_storages, padded_bytes
 
@@ -32,7 +32,7 @@ def along_the_plan(run: CellRecord, traces: dict[str, Any], found: Findings) -> 
         return {}
     device = torch.device(run.device)
     walked = None
-    with found.expect("peaks along the plan"):
+    with found.expect("memory.plan_unreadable", "peaks along the plan"):
         try:  # a trace the walk cannot read is what Thunder produced, named; never the kit's crash
             f = walk(forward, device)
             walked = f, walk(backward, device, handed_to_backward(f, device))
@@ -52,7 +52,7 @@ def along_the_plan(run: CellRecord, traces: dict[str, Any], found: Findings) -> 
         # outlive their ``del``
         late = late_release(run) if along.largest_gathered else 0
         planned[phase] = began[phase] + plan
-        with found.expect(f"{phase} plan frees at last use"):
+        with found.expect("memory.plan_frees_late", f"{phase} plan frees at last use", phase=phase):
             # the trace read against its own data flow, on every device (no allocator involved).
             # Per tensor, not only at the peak: the kit's models are small, so their peaks sit
             # where the parameters are gathered; a real model's sit where a late free shows
@@ -71,7 +71,7 @@ def along_the_plan(run: CellRecord, traces: dict[str, Any], found: Findings) -> 
         }
         if device.type != "cpu":
             continue  # reported only: the caching allocator's and NCCL's allocations are not modelled yet
-        with found.expect(f"{phase} peak along the plan"):
+        with found.expect("memory.plan_peak", f"{phase} peak along the plan", phase=phase, excess=rise - plan):
             excess = rise - plan
             named = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in sized(along, excess))
             assert excess <= late, (
@@ -93,7 +93,7 @@ def shards_returned_uncopied(backward: Any, b: Walk, found: Findings) -> None:
     returned views inside a region."""
     from thunder.core.prims import PrimIDs
 
-    with found.expect("backward returns its reduce-scatters' outputs"):
+    with found.expect("memory.backward_copies_reductions", "backward returns its reduce-scatters' outputs"):
         returns = [bsym for bsym in backward.bound_symbols if bsym.sym.id == PrimIDs.RETURN]
         assert len(returns) == 1, f"the backward trace has {len(returns)} return statements, not one"
         [ret] = returns
@@ -111,7 +111,7 @@ def shards_returned_uncopied(backward: Any, b: Walk, found: Findings) -> None:
 def saved_against_plain_jit(run: CellRecord, forward: Any, total: int, found: Findings) -> None:
     """What the distributed forward plans to keep for the backward, against plain
     ``thunder.jit`` of the same model on the same rank, dtype and executors
-    (``rank/plain.py``): every tensor it allocates and returns but the all-gathers' outputs
+    (``rank/plain_jit.py``): every tensor it allocates and returns but the all-gathers' outputs
     (the output and the activations it saves) equals plain jit's, whose plan no distributed
     transform touched; under FSDP's ZERO2 the gathered parameters it saves are the
     parameters plain jit saves, each padded to the world size (ZERO3's are ``memory.zero3_saves_no_gathered``'s).
@@ -122,7 +122,7 @@ def saved_against_plain_jit(run: CellRecord, forward: Any, total: int, found: Fi
     if plain is None:
         return
     what = "saved for the backward against plain jit"
-    with found.expect(what):
+    with found.expect("memory.saved_against_plain_jit", what):
         assert plain.error is None, f"plain thunder.jit of the same model raised: {plain.error}"
         gathered = estimated_returned(forward, run.device, gathered_only=True)
         storages = distinct_storages(run.eager_model)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from conformance.checks.dataflow import aliased_inputs, tensor_proxies, thunder_device, unpack_ids
+from conformance.checks.memory.dataflow import aliased_inputs, tensor_proxies, thunder_device, unpack_ids
 from conformance.checks.storages import allocated_bytes
 from conformance.checks.traces import symbol_kinds
 from transforms.policies import proxy_bytes

@@ -9,7 +9,7 @@ work allocates from the end of setup on (the eager model's work in between is no
 counted), the peak of the measured step's forward and backward, every optimizer step's
 peak, and what is held after every backward and every step.
 
-The terms of the bounds are the model's arithmetic per rank (``memory_terms.py``): the
+The terms of the bounds are the model's arithmetic per rank (``arithmetic.py``): the
 shards, buffers, unsharded parameters, gradient shards and optimizer state, on CUDA each
 tensor rounded up to the caching allocator's block.
 
@@ -39,7 +39,7 @@ Bounded:
   PR #118911), but makes the clone on its own thread, where the tracker (a thread-local
   dispatch mode) does not see it; NCCL reduce-scatters without a clone.
 
-Along the plan (``memory_plan.py``, walking ``plan.py``): the measured step's forward and
+Along the plan (``against_plan.py``, walking ``liveness.py``): the measured step's forward and
 backward peaks, each from what was alive when its phase began, against the walk of
 Thunder's final traces (each tensor from its producer to the ``del`` of its last name; the
 backward after the kit's loss, measured eagerly beside): exact on the CPU but for gloo's
@@ -50,16 +50,15 @@ plan: the bounds above do; and what the forward saves, against plain ``thunder.j
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from conformance.checks.area import Area
-from conformance.checks.dataflow import estimated_returned
-from conformance.checks.findings import Findings
-from conformance.checks.margins import ESTIMATE_FACTOR, held_slack
-from conformance.checks.memory_plan import along_the_plan, saved_against_plain_jit
-from conformance.checks.memory_terms import (
+from conformance.checks.area import Area, Noise
+from conformance.checks.findings import Failure, Findings
+from conformance.checks.memory.against_plan import along_the_plan, saved_against_plain_jit
+from conformance.checks.memory.arithmetic import (
     Terms,
     late_release,
     meta_setup,
@@ -67,11 +66,15 @@ from conformance.checks.memory_terms import (
     setup_estimate,
     terms,
 )
+from conformance.checks.memory.dataflow import estimated_returned
+from conformance.checks.memory.margins import ESTIMATE_FACTOR, held_slack
 from conformance.checks.record import MEASURED_STEP, CellRecord, SimulatedRecord
 from conformance.checks.storages import allocations
 
 # Thunder's forward on the torch executor runs decomposed, unfused: beside each intermediate
 # eager keeps, at most one more of the same size is alive, so twice eager's forward peak
+# calibrated on a measurement: ci's forward peaks over the unsharded parameters, 0.4 to 2.05 x eager's float32
+# peak (2026-11-22): docs/measurements.md#memory-headroom-and-estimates
 ACTIVATION_FACTOR = 2
 
 
@@ -137,7 +140,7 @@ def _setup(run: CellRecord | SimulatedRecord, model: Terms, measured: int, found
         estimate = path.peak
         found.metrics["setup path"] = dataclasses.asdict(path)
         if path.missing:
-            with found.expect("setup peak"):
+            with found.expect("memory.setup_unbounded", "setup peak", modules=path.missing):
                 raise AssertionError(
                     f"eager could not initialize {path.missing} on its own (no reset_parameters), as Thunder's "
                     "materialization does: setup's peak has no bound"
@@ -161,16 +164,20 @@ def _held_after_forward(run: CellRecord, model: Terms, forward: Any, found: Find
     bound = estimate + held_slack(run.device)
     alive = run.memory.alive_after_forward
     found.metrics["held after forward"] = {"measured": alive, "estimate": estimate, "bound": bound}
-    with found.expect("memory held after forward"):
+    with found.expect("memory.held_after_forward", "memory held after forward", held=alive):
         assert alive <= bound, (
             f"after the forward {alive} bytes it allocated are alive on {run.device}; its trace returns "
             f"{estimate} there (outputs and saved tensors): {alive - estimate} bytes kept beyond them"
         )
-    zero3_saves_no_gathered(run, forward, model.unsharded, found, "memory held after forward under ZERO3")
+    zero3_saves_no_gathered(
+        run, forward, model.unsharded, found, "memory.zero3_gathered_saved", "memory held after forward under ZERO3"
+    )
     saved_against_plain_jit(run, forward, estimate, found)
 
 
-def zero3_saves_no_gathered(run: CellRecord, forward: Any, unsharded: int, found: Findings, what: str) -> None:
+def zero3_saves_no_gathered(
+    run: CellRecord, forward: Any, unsharded: int, found: Findings, code: str, what: str
+) -> None:
     """ZERO3 frees each gathered parameter after its use in the forward and gathers it again
     for the backward (``thunder.distributed.fsdp``'s docstring), so the forward saves no
     all-gather's output (nor a view of one) for the backward. ZERO2's row lets a ZERO3 that
@@ -180,7 +187,7 @@ def zero3_saves_no_gathered(run: CellRecord, forward: Any, unsharded: int, found
         return
     gathered = estimated_returned(forward, run.device, gathered_only=True)
     found.metrics[what] = {"gathered": gathered, "unsharded": unsharded}
-    with found.expect(what, {"unsharded": unsharded}):
+    with found.expect(code, what, {"unsharded": unsharded}, gathered=gathered):
         assert not gathered, (
             f"gathered parameters held to the backward as under ZERO2, {gathered} bytes\n"
             f"{run.memory.alive_after_forward} bytes alive after the forward, {gathered} of them all-gathers' outputs "
@@ -196,7 +203,7 @@ def _bounded(found: Findings, phase: str, measured: int, bound: int, estimate: i
         "estimate": estimate,  # a diagnostic: setup's from the model, the others from Thunder's traces
         "ratio": measured / estimate if estimate else None,
     }
-    with found.expect(f"{phase} peak"):
+    with found.expect("memory.peak", f"{phase} peak", {"bound": bound}, phase=phase, measured=measured):
         assert measured <= bound, f"{measured} bytes at the peak of {phase}, over the bound of {bound}"
 
 
@@ -214,13 +221,15 @@ def _held_after_setup(run: CellRecord | SimulatedRecord, model: Terms, found: Fi
         "resident_and_handed_over": model.resident + model.handed_over,
         "resident_and_buffers": model.resident + model.buffers,
     }
-    with found.expect("memory held after setup", derived):
-        excess = alive - model.resident
-        why = (
-            "exactly the bytes of the state dict handed over"
-            if model.handed_over and excess == model.handed_over
-            else "unsharded originals or copies were kept"
-        )
+    excess = alive - model.resident
+    # the cause a failure names: the state dict handed over kept whole, or something else kept
+    cause = "handed_over" if model.handed_over and excess == model.handed_over else "kept"
+    why = {
+        "handed_over": "exactly the bytes of the state dict handed over",
+        "kept": "unsharded originals or copies were kept",
+    }[cause]
+    fields = {"held": alive, "excess": excess, "cause": cause}
+    with found.expect("memory.held_after_setup", "memory held after setup", derived, **fields):
         assert excess <= 0, f"{alive} bytes alive, {excess} more than the shards and buffers ({model.resident}): {why}"
 
 
@@ -255,7 +264,8 @@ def _held_after_steps(run: CellRecord, model: Terms, found: Findings) -> int:
         for when, series, expected, what in checks:
             got = series[k] if k < len(series) else None
             found.metrics.setdefault(f"held {when}", []).append({"measured": got, "expected": expected})
-            with found.expect(f"memory held {when} at step {k} ({optimizer})"):
+            where = {"after": when.removeprefix("after "), "step": k, "optimizer": optimizer, "held": got}
+            with found.expect("memory.held", f"memory held {when} at step {k} ({optimizer})", **where):
                 assert got is not None, "not measured"
                 assert got <= expected, (
                     f"{got} bytes held, {got - expected} more than {what}"
@@ -266,7 +276,9 @@ def _held_after_steps(run: CellRecord, model: Terms, found: Findings) -> int:
         if k < min(map(len, peaks)):
             got, eager = peaks[0][k], peaks[1][k]
             found.metrics.setdefault("optimizer step peaks", []).append({"measured": got, "eager": eager})
-            with found.expect(f"optimizer step {k} ({optimizer}) peak"):
+            with found.expect(
+                "memory.optimizer_step_peak", f"optimizer step {k} ({optimizer}) peak", step=k, optimizer=optimizer
+            ):
                 assert got <= eager, (
                     f"the step allocated {got} bytes at its peak; {optimizer} stepping eager tensors of "
                     f"the shard shapes allocates {eager}"
@@ -274,4 +286,23 @@ def _held_after_steps(run: CellRecord, model: Terms, found: Findings) -> int:
     return state_before(MEASURED_STEP) + (model.gradient_buckets if MEASURED_STEP > 0 else 0)
 
 
-AREA = Area("memory", check, simulated=check_simulated)
+def grown(before: Mapping[str, float], now: Findings, noise: Callable[[str], Noise]) -> list[Failure]:
+    """Phases whose peak grew beyond run-to-run noise over an earlier run of the cell
+    (--baseline: ``before`` is that run's metrics, each phase's peak as ``<phase> peak``)."""
+    found = []
+    for phase, measured in (now.metrics.get("measured") or {}).items():
+        metric = f"{phase} peak"
+        old = before.get(metric)
+        if old is None or measured <= old:
+            continue
+        threshold = noise(metric)
+        if threshold.beyond(old, measured):
+            message = (
+                f"{phase} peak grew from {old} to {measured} bytes over the baseline "
+                f"(run-to-run noise: {threshold.describe()})"
+            )
+            found.append(Failure("memory.grown", message, {"phase": phase, "before": old, "measured": measured}))
+    return found
+
+
+AREA = Area("memory", check, simulated=check_simulated, against_baseline=grown)
