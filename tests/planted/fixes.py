@@ -1,0 +1,62 @@
+"""Fixes planted in Thunder: a known non-conformance of the pin, fixed. The xfails entry that
+expected it then meets a conforming item, which fails naming the entry as stale (and, over a
+whole run, its templates matched nothing): how a nightly of Thunder's main sees a fix the
+night it lands, with entries that hold open-ended from the version they were seen on."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.planted.cells import DDP, RESUME, Pred
+from tests.planted.record import Expect, planted
+
+# the model of xfails.toml's root-names entry (its `when`)
+ROOT_OWNED_MODEL: Pred = lambda cell: cell.model == "root_owned"  # noqa: E731
+
+
+# Every root_owned cell's state_dict item conforms and its entry still expects the dotted
+# names: stale. On FSDP's resume cells the item still fails as the gloo checkpoint entry
+# expects (an expected failure), so it may stay xfailed there: its root-names template is
+# then stale over a whole run only.
+@planted(
+    {
+        "state_dict": Expect(
+            lambda c: ROOT_OWNED_MODEL(c) and not (RESUME(c) and not DDP(c)),
+            lambda c: ROOT_OWNED_MODEL(c) and RESUME(c) and not DDP(c),
+            "but xfails entries cover it",
+        ),
+    },
+    cells=(
+        lambda c: ROOT_OWNED_MODEL(c) and not RESUME(c),
+        lambda c: not ROOT_OWNED_MODEL(c) and not RESUME(c),
+    ),
+)
+@contextlib.contextmanager
+def root_names_without_a_dot() -> Iterator[None]:
+    """original_state_dict() names the root module's own parameters and buffers without the
+    leading dot (an empty prefix is joined with no '.'), as load_original_state_dict() takes
+    them: the pin's non-conformance of xfails.toml's root_owned entry, fixed."""
+    from thunder.core import module
+
+    def original_state_dict(
+        self: Any, *, destination: dict[str, Any] | None = None, prefix: str = "", keep_vars: bool = False
+    ) -> dict[str, Any]:
+        names = {name for name, _ in self._model.named_modules()}
+        per_module = module._convert_state_dict_to_per_module(self.state_dict(), names)
+        if destination is None:
+            destination = collections.OrderedDict()
+            destination._metadata = collections.OrderedDict()  # type: ignore[attr-defined]
+        for name, state in per_module.items():
+            for transform in reversed(self._lc_transforms):
+                state = transform.reverse_transform_state_dict_for_submodule(self, name, state)
+            destination.update({f"{prefix}{name}.{k}" if name else f"{prefix}{k}": v for k, v in state.items()})
+        return destination
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(module.ThunderModule, "original_state_dict", original_state_dict)
+        yield
