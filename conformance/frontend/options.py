@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.frontend import affected
+from conformance.frontend import affected, probe_cache
 from conformance.frontend.affected import Affected
 from conformance.frontend.chaos import DEFAULT_SHARE
 from conformance.matrix.axes import cell_from_axes
@@ -266,6 +266,9 @@ class KitConfig:
     xfails: Path = DEFAULT_XFAILS
     chaos: int | None = None  # the seed
     chaos_share: float = DEFAULT_SHARE  # in (0, 1] under --chaos
+    # where the composition probe's answers are kept (frontend/probe_cache.py); None: always
+    # probe (a KitConfig built by hand; the command line's default is the user's cache)
+    probe_cache: Path | None = None
     # xdist's own options, read once: this process's block of the visible GPUs, and whether
     # it is a worker (fed items as it goes) rather than the controller or a plain run
     xdist: XdistPlace = dataclasses.field(default_factory=XdistPlace)
@@ -433,6 +436,24 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="FRACTION",
         help=f"with --chaos: the share of cells faulted (default {DEFAULT_SHARE})",
     )
+    group.addoption(
+        "--probe-cache",
+        default=AUTO,
+        metavar="DIR",
+        help="where the composition probe's answers are kept per Thunder, environment, backend and devices, so "
+        "that --collect-only and later runs start no world to ask them ('none': always probe; default: "
+        f"${probe_cache.ENV}, else $XDG_CACHE_HOME or ~/.cache, /thunder-conformance)",
+    )
+
+
+AUTO = "auto"  # --probe-cache's default: probe_cache.default_folder()
+
+
+def parse_probe_cache(given: str) -> Path | None:
+    """``--probe-cache``: a folder, ``none`` (off) or ``auto`` (the default folder)."""
+    if given == AUTO:
+        return probe_cache.default_folder()
+    return None if given == probe_cache.OFF else Path(given)
 
 
 def auto_workers(config: pytest.Config) -> int:
@@ -493,6 +514,7 @@ def build(config: pytest.Config) -> KitConfig:
         xfails=given("xfails"),
         chaos=given("chaos"),
         chaos_share=given("chaos_share"),
+        probe_cache=parse_probe_cache(given("probe_cache")),
         xdist=place,
         xdist_worker=hasattr(config, "workerinput"),
     )

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from conformance.checks.findings import CellResult
-from conformance.frontend import baseline, xfails
+from conformance.frontend import baseline, probe_cache, xfails
 from conformance.frontend.lifetimes import Lifetimes, WorldKey
 from conformance.frontend.options import DEFAULT_XFAILS, KitConfig
 from conformance.frontend.probing import PROBE, ask
@@ -75,6 +75,7 @@ class Runner:
         self._cells: list[Cell] | None = None  # picked once the worlds have probed compositions
         self._unsupported: dict[str, str] | None = None
         self.probe_failure: str | None = None  # set where the probe failed twice: the run ends
+        self.probe_cached: Path | None = None  # the file the probe's answers came from, if kept
         self.run_warnings: list[str] = []  # said at the top of the run's reports
         self._startup_owed: dict[int, float] = {}  # a world's start not yet charged to a cell
         found = launch.cuda()
@@ -148,6 +149,15 @@ class Runner:
         hung at the world's first collective: a flaky NCCL init, say) is asked once more, on a
         fresh world; failing twice, it ends the run, and never passes for support."""
         if self._unsupported is None and self.probe_failure is None:
+            # one machine's answers only: another machine's environment is not in the key
+            folder = self.config.probe_cache if self.session.nnodes == 1 else None
+            # the GPUs matter where the ranks take them (nccl); gloo's ranks run on the CPU
+            gpus = launch.visible_cuda_devices() if self.session.backend == "nccl" else 0
+            key = probe_cache.fingerprint(self.session.backend, self.session.nproc, gpus)
+            self._unsupported = probe_cache.load(folder, key) if folder is not None else None
+            if self._unsupported is not None:
+                self.probe_cached = probe_cache.path(folder, key)  # type: ignore[arg-type]
+                return self._unsupported
 
             def run_once() -> Outcome:
                 world = self.world(self.session.nproc)
@@ -159,6 +169,8 @@ class Runner:
                 return outcome
 
             self._unsupported, self.probe_failure = ask(run_once, self.session.nproc, self.run_warnings)
+            if self._unsupported is not None and folder is not None:
+                probe_cache.store(folder, key, self._unsupported)
         return self._unsupported or {}
 
     def _refusal(self, size: int) -> str | None:

@@ -140,6 +140,9 @@ def run_suite(
         "-q",
         f"--report-dir={report_dir}",
         f"--junitxml={junit}",
+        # every run probes as a fresh machine would (a planted probe fault must meet a probe),
+        # unless the test asks for the cache itself
+        *([] if any(a.startswith("--probe-cache") for a in args) else ["--probe-cache=none"]),
         *args,
     ]
     if shared:

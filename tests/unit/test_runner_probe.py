@@ -50,6 +50,7 @@ def make_runner(
     runner._cells, runner._unsupported, runner._startup_owed = None, None, {}
     runner.probe_failure, runner.run_warnings = None, []
     runner.expectations, runner.thunder_version = [], None  # no xfails entry holds
+    runner.probe_cached = None
     runner.worlds, runner.outcomes = {(world.size, False): world}, {}
     runner.cell_task = lambda cell: protocol.Task("stand.in:run", {"axes": cell.axes()})
     runner.probe_task = protocol.Task(PROBE)
