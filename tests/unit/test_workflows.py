@@ -107,10 +107,13 @@ def test_commands_name_what_exists(path: Path) -> None:
         assert importlib.util.find_spec(module) is not None, module
 
 
-def test_nightly_matrix_is_the_pin_the_release_and_a_fork_from_a_variable() -> None:
+def test_nightly_matrix_is_the_pin_main_the_newest_release_and_a_fork_from_a_variable() -> None:
     plan = "\n".join(scripts({"jobs": {"plan": load(NIGHTLY)["jobs"]["plan"]}}))
     specs = dict(re.findall(r'"name": "(\w+)", "spec": "([^"]+)"', plan))
-    assert specs == {"pin": PIN, "release": "lightning-thunder==0.2.6"}, specs
+    assert specs == {"pin": PIN, "main": "git+https://github.com/Lightning-AI/lightning-thunder@main"}, specs
+    # the newest release is PyPI's, asked each night; a night PyPI does not answer runs without it
+    assert "https://pypi.org/pypi/lightning-thunder/json" in plan and "name: \"release\"" in plan
+    assert load(NIGHTLY)["jobs"]["conformance"]["env"]["TORCH_SPEC"] == "${{ matrix.torch }}"
     # the fork's spec comes from a repository variable, and only where it is set
     assert "vars.FORK_THUNDER_SPEC" in load(NIGHTLY)["jobs"]["plan"]["steps"][0]["env"]["FORK"]
     assert 'if [ -n "$FORK" ]' in plan
@@ -181,3 +184,12 @@ def test_nightly_uploads_the_pages_and_names_them_in_the_summary() -> None:
     assert "reports/report.html" in summary and "dashboard/index.html" in summary
     names = [s.get("name") for s in steps(nightly)]
     assert names.index("Compare with the previous night") < names.index("Pages") < names.index("Upload pages")
+
+
+def test_a_scheduled_job_runs_the_kits_slow_tests() -> None:
+    """The planted bugs (the proof that every check fails) run every night, which pull
+    requests leave out."""
+    nightly = load(NIGHTLY)
+    job = nightly["jobs"]["kit-slow-tests"]
+    assert job["runs-on"] == "ubuntu-latest" and "schedule" in nightly["on"]
+    assert step({"jobs": {"k": job}}, "Kit tests (slow)")["run"].startswith("tox -e tests -- -m slow")
