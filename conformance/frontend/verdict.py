@@ -120,8 +120,8 @@ class Conformance:
     def _expected_raise(self, cell: Cell, area: str, outcome: Outcome, known_message: str) -> list[str]:
         """A cell that ended with Thunder's raise: KnownNonConformance where a ``raises`` entry
         holding for the cell expects that raise; else the lines naming the raises the entries
-        covering it expect instead (none: no entry expects one). Either way the ledger learns
-        which raise templates named the cell and which matched."""
+        covering it expect instead (none: no entry expects one). Where raise templates name the
+        cell, the ledger learns which did and which matched."""
         backend = self.runner.session.backend
         known = self.runner.known(cell, area)
         named = [(e.source, i) for e in known for i in e.raise_templates_for(cell, backend)]
