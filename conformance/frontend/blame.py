@@ -25,7 +25,7 @@ KIT = "kit"
 THUNDER = "thunder"
 
 # The kit's instrumentation: (file under the kit's root, function) of code that wraps Thunder's
-# calls only to observe them. The memory tracker's dispatch mode forwards every torch op that
+# calls only to observe them. The allocation tracker's dispatch mode (rank/measure.py) forwards every torch op that
 # Thunder issues while a phase is measured, so torch raising there raises through its frame:
 # Thunder's call all the same. Such a frame is passed over where it called something that raised;
 # where it raised itself (the innermost frame of the traceback), it is the kit's. A kit test

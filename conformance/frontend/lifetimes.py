@@ -1,5 +1,5 @@
 """When the runner closes a world it is not using: an idle world holds every one of its ranks'
-memory (about a GB each on CPU), and a run over several world sizes would otherwise keep
+RAM (about a GB each on CPU), and a run over several world sizes would otherwise keep
 them all until the end."""
 
 from __future__ import annotations

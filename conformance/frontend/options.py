@@ -194,7 +194,7 @@ def seconds(value: object, option: str) -> float:
 
 def parse_min_gpus(value: object, workers: int = 1) -> int | None:
     """``--min-gpus N`` (tox -e multigpu passes 2): refuse to start with fewer usable GPUs per
-    worker, where a world of one rank would pass while sharding nothing."""
+    worker, where a world of one rank would pass while splitting nothing."""
     if value is None:
         return None
     n = whole_number(value, "--min-gpus", 0, "GPUs")
@@ -338,7 +338,7 @@ def add_options(parser: pytest.Parser) -> None:
         "--max-idle-worlds",
         default=DEFAULT.max_idle_worlds,
         metavar="N",
-        help="worlds kept waiting while another runs (default 1; each holds its ranks' memory): beyond N the "
+        help="worlds kept waiting while another runs (default 1; each holds its ranks' RAM): beyond N the "
         "least recently used is closed, and without xdist a world no remaining item needs is closed at once",
     )
     group.addoption(
@@ -374,9 +374,10 @@ def add_options(parser: pytest.Parser) -> None:
         type=Path,
         default=DEFAULT.baseline,
         metavar="REPORT",
-        help="an earlier report.json (or its folder): a memory item fails where a phase's peak grew beyond "
-        "run-to-run noise over it; the whole comparison goes to summary.md and compare.json; a capability lost "
-        "over it (an item that passed there is xfailed, unsupported, skipped or gone) makes exit status 1",
+        help="an earlier report.json (or its folder): an item fails where its area finds the cell grown beyond "
+        "run-to-run noise over it (a phase's peak); the whole comparison goes to summary.md and compare.json; "
+        "a capability lost over it (an item that passed there is xfailed, unsupported, skipped or gone) makes "
+        "exit status 1",
     )
     group.addoption("--replay", metavar="CELL_JSON", help="run one generated cell again, as test_generated printed it")
     group.addoption(
@@ -411,7 +412,7 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--thunder-coverage",
         action="store_true",
-        help="record which lines of Thunder's distributed stack and materialization each cell runs: "
+        help="record which lines of Thunder's distributed stack and meta-device init each cell runs: "
         "coverage-map.json and coverage's HTML (thunder-coverage/) in --report-dir, read by "
         "`python -m conformance.mutants` (costs time; off by default)",
     )

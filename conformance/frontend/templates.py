@@ -2,8 +2,9 @@
 a failure's stable ``code`` and every one of its fields, none of them free, never its message
 (messages are for people and may be reworded without touching an entry):
 
-    { code = "collectives.count", phase = "forward", kind = "all_gather", got = "{unbucketed}",
-      alternative = "unbucketed", when = { scenario = ["infer"] } }
+    { code = "<area>.<what>", <field> = <value>, ..., when = { <axis> = [<values>] } }
+
+(docs/codes.md lists the codes and their fields; docs/reports.md has an example).
 
 A field's value is either written as itself (a string, a number, ``nan``, a list), which the
 failure's must equal, or constrained:
