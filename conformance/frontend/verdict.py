@@ -17,7 +17,7 @@ from conformance.checks.findings import CellResult, Failure, returned_wrong
 from conformance.checks.registry import AREAS, applies
 from conformance.frontend import baseline, ledger
 from conformance.frontend.blame import KIT, THUNDER, Blame, KitError, blame, in_thunder
-from conformance.frontend.known_elsewhere import explains_all, known_elsewhere
+from conformance.frontend.known_elsewhere import explains_all, first_sentence, known_elsewhere
 from conformance.frontend.runner import Runner
 from conformance.frontend.templates import Raise
 from conformance.frontend.xfails import Expectation, KnownNonConformance
@@ -132,11 +132,22 @@ class Conformance:
         if matched:
             raise KnownNonConformance(known_message)
         what = "no raise of Thunder's" if raised is None else f"{raised.type} at {raised.file}:{raised.function}"
-        return [
+        lines = [
             f"{e.source}: expects {e.templates[i].text}, not {what}"
             for e in known
             for i in e.raise_templates_for(cell, backend)
         ]
+        # entries for other Thunder versions excuse nothing, but say the raise is upstream's
+        version = self.runner.thunder_version
+        lines += [
+            f"known on {', '.join(e.thunder)} ({e.source}), not declared for {version}: {first_sentence(e.reason)}"
+            for e in self.runner.expectations
+            if raised is not None
+            and not e.holds_for(version)
+            and e.names(cell, area, backend)
+            and e.raising(raised, cell, backend)
+        ]
+        return lines
 
     def _judge(self, cell: Cell, area: str, failures: Grouped, repro: str, record: bool) -> None:
         """The item's verdict on its failures (grouped by message across ranks): conforms

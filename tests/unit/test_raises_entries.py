@@ -181,3 +181,9 @@ def test_the_raise_names_the_type_by_its_module() -> None:
     Unsupported = type("Unsupported", (Exception,), {"__module__": "torch._dynamo.exc"})
     assert protocol.exception_of(Unsupported("no")) == {"type": "torch._dynamo.exc.Unsupported", "message": "no"}
     assert protocol.exception_of(IndexError("x")) == {"type": "IndexError", "message": "x"}
+
+
+def test_a_raise_known_on_other_versions_still_fails_and_says_so(thunder: Path) -> None:
+    kind, message, _ = verdict([entry(thunder=["==0.2.6"])], raised(thunder))
+    assert kind is pytest.fail.Exception
+    assert f"known on ==0.2.6 (xfails.toml:40), not declared for {VERSION}: torch.compile refuses" in message
