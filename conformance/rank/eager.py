@@ -5,7 +5,7 @@ gradients of the ranks' averaged loss, returned rather than accumulated."""
 from __future__ import annotations
 
 import copy
-from typing import NamedTuple
+import dataclasses
 
 import torch
 from torch import nn
@@ -18,9 +18,10 @@ from conformance.rank.measure import measure
 Tensors = dict[str, torch.Tensor]
 
 
-class EagerPass(NamedTuple):
-    """What ``eager_gradients`` computed: a tuple still, for the scenarios that unpack it
-    (conformance/rank/scenarios/); the training step's references read it by name."""
+@dataclasses.dataclass(frozen=True)
+class EagerPass:
+    """What ``eager_gradients`` computed, read by name (the references of a training step,
+    the scenarios)."""
 
     outputs: list[torch.Tensor]  # every rank's output, CPU copies, in rank order
     grads: Tensors  # gradients of the ranks' averaged loss, by parameter name (one per tie)

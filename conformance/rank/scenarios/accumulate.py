@@ -44,8 +44,8 @@ def accumulate(
         return ScenarioRecord("accumulate", error=f"{type(exc).__name__}: {exc}")
     grads = eager_model.gather(tm, grads=True)
     tm.zero_grad(set_to_none=True)
-    per_step = [batch_gradients(eager.module, b)[1] for b in batches]
-    twin = [batch_gradients(eager.twin, b, float32=True)[1] for b in batches] if eager.twin is not None else None
+    per_step = [batch_gradients(eager.module, b).grads for b in batches]
+    twin = [batch_gradients(eager.twin, b, float32=True).grads for b in batches] if eager.twin is not None else None
     # below float32, each micro-step's gradients as the ranks compute them (numerics.tolerances.Local)
     local = [rank_gradients(eager.module, b.inputs, b.cotangents) for b in batches] if twin is not None else None
     skipped = len(batches) - 1
@@ -63,8 +63,7 @@ def accumulate(
         twin_grads=None if twin is None else summed(twin),
         local=None if local is None else combined(local),
         alternatives={
-            name: (weighted(per_step, w), None if twin is None else weighted(twin, w))
-            for name, w in mistakes.items()
+            name: (weighted(per_step, w), None if twin is None else weighted(twin, w)) for name, w in mistakes.items()
         },
         alternatives_local={} if local is None else {name: combined(local, w) for name, w in mistakes.items()},
         traces=traces,

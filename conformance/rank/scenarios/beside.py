@@ -14,7 +14,7 @@ from torch import nn
 
 from conformance.checks.record import RankGradients
 from conformance.rank.build import EagerModel, Recipe
-from conformance.rank.eager import eager_gradients, holding
+from conformance.rank.eager import EagerPass, eager_gradients, holding
 from conformance.rank.train import STEPS, generator
 from fixtures.optimizers import OPTIMIZERS
 
@@ -64,7 +64,7 @@ class Batch:
         return cls(inputs, cotangents)
 
 
-def batch_gradients(module: nn.Module, batch: Batch, float32: bool = False) -> tuple[list[torch.Tensor], Tensors]:
+def batch_gradients(module: nn.Module, batch: Batch, float32: bool = False) -> EagerPass:
     """``eager_gradients`` on ``batch``."""
     return eager_gradients(module, batch.inputs, batch.cotangents, float32=float32)
 

@@ -16,9 +16,7 @@ from conformance.rank.eager import loss, rank_gradients
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients
 
 
-def reshape(
-    recipe: Recipe, eager_model: EagerModel, tm: Any, optimizer: Any, rank: int, world: int
-) -> ScenarioRecord:
+def reshape(recipe: Recipe, eager_model: EagerModel, tm: Any, optimizer: Any, rank: int, world: int) -> ScenarioRecord:
     eager = Eager.beside(recipe, eager_model, tm)
     batch = Batch.draw(recipe.fixture.second_input, recipe, eager.module, AFTER_TRAINING, world)
     try:
@@ -30,19 +28,17 @@ def reshape(
     traces = final_traces(tm)
     grads = eager_model.gather(tm, grads=True)
     tm.zero_grad(set_to_none=True)
-    outs, expected = batch_gradients(eager.module, batch)
-    twin_outs, twin = (
-        batch_gradients(eager.twin, batch, float32=True) if eager.twin is not None else (None, None)
-    )
+    passed = batch_gradients(eager.module, batch)
+    twin = batch_gradients(eager.twin, batch, float32=True) if eager.twin is not None else None
     local = rank_gradients(eager.module, batch.inputs, batch.cotangents) if eager.twin is not None else None
     return ScenarioRecord(
         "reshape",
         output=out.detach().cpu(),
-        eager_output=outs[rank],
-        twin_output=None if twin_outs is None else twin_outs[rank],
+        eager_output=passed.outputs[rank],
+        twin_output=None if twin is None else twin.outputs[rank],
         grads=grads,
-        eager_grads=expected,
-        twin_grads=twin,
+        eager_grads=passed.grads,
+        twin_grads=None if twin is None else twin.grads,
         local=local,
         traces=traces,
     )
