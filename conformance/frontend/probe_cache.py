@@ -7,7 +7,7 @@ An answer is kept per fingerprint of everything that can change it: the Thunder 
 time, so that a local checkout edited in place is probed again), every installed
 distribution and its version (torch, nvFuser, litgpt: a probe asks for modules and wheels),
 the Python, the kit's own probes (their sources), the process group backend, the ranks per
-machine and the devices visible. Any of them changed, the key differs and the probe runs
+machine and the GPUs visible, by name. Any of them changed, the key differs and the probe runs
 again; a probe that did not complete is never kept. A run across machines always probes
 (another machine's environment is not in this one's fingerprint).
 """
@@ -42,8 +42,9 @@ def default_folder() -> Path | None:
     return Path(base) / "thunder-conformance"
 
 
-def fingerprint(backend: str, nproc: int, devices: int) -> dict[str, Any]:
-    """What the probe's answers depend on, as JSON (see the module's docstring)."""
+def fingerprint(backend: str, nproc: int, devices: list[str]) -> dict[str, Any]:
+    """What the probe's answers depend on, as JSON (see the module's docstring); ``devices``:
+    the GPUs the ranks take, by name (none on gloo, whose ranks run on the CPU)."""
     thunder = environment.thunder_package()
     return {
         "thunder": {
@@ -58,7 +59,7 @@ def fingerprint(backend: str, nproc: int, devices: int) -> dict[str, Any]:
         "kit": _digest(_contents(ROOT / p for p in PROBE_SOURCES)),
         "backend": backend,
         "nproc": nproc,
-        "devices": {"visible": devices, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")},
+        "devices": {"gpus": devices, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")},
     }
 
 

@@ -151,13 +151,10 @@ class Runner:
         if self._unsupported is None and self.probe_failure is None:
             # one machine's answers only: another machine's environment is not in the key
             folder = self.config.probe_cache if self.session.nnodes == 1 else None
-            # the GPUs matter where the ranks take them (nccl); gloo's ranks run on the CPU
-            gpus = launch.visible_cuda_devices() if self.session.backend == "nccl" else 0
-            key = probe_cache.fingerprint(self.session.backend, self.session.nproc, gpus)
-            self._unsupported = probe_cache.load(folder, key) if folder is not None else None
-            if self._unsupported is not None:
-                self.probe_cached = probe_cache.path(folder, key)  # type: ignore[arg-type]
-                return self._unsupported
+            key = {} if folder is None else probe_cache.fingerprint(*self._probed_on())
+            if folder is not None and (kept := probe_cache.load(folder, key)) is not None:
+                self._unsupported, self.probe_cached = kept, probe_cache.path(folder, key)
+                return kept
 
             def run_once() -> Outcome:
                 world = self.world(self.session.nproc)
@@ -172,6 +169,18 @@ class Runner:
             if self._unsupported is not None and folder is not None:
                 probe_cache.store(folder, key, self._unsupported)
         return self._unsupported or {}
+
+    def _probed_on(self) -> tuple[str, int, list[str]]:
+        """What the probe cache's key takes of this session: the backend, the ranks per machine
+        and the GPUs the ranks take, by name (none on gloo, whose ranks run on the CPU: then
+        torch.cuda is not asked)."""
+        backend, nproc = self.session.backend, self.session.nproc
+        gpus = launch.visible_cuda_devices() if backend == "nccl" else 0
+        if not gpus:
+            return backend, nproc, []
+        import torch
+
+        return backend, nproc, [torch.cuda.get_device_name(i) for i in range(gpus)]
 
     def _refusal(self, size: int) -> str | None:
         """Why a real world of ``size`` ranks cannot exist here, or None."""

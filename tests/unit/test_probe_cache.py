@@ -36,13 +36,13 @@ def test_the_fingerprint_changes_with_thunders_files(tmp_path: Path, monkeypatch
     package.mkdir()
     (package / "__init__.py").write_text("x = 1\n")
     monkeypatch.setattr(probe_cache.environment, "thunder_package", lambda: package)
-    before = probe_cache.fingerprint("gloo", 2, 0)
-    assert probe_cache.fingerprint("gloo", 2, 0) == before
+    before = probe_cache.fingerprint("gloo", 2, [])
+    assert probe_cache.fingerprint("gloo", 2, []) == before
     (package / "__init__.py").write_text("x = 22\n")  # a local checkout edited in place
-    assert probe_cache.fingerprint("gloo", 2, 0)["thunder"] != before["thunder"]
-    assert probe_cache.fingerprint("nccl", 2, 0) != probe_cache.fingerprint("gloo", 2, 0)
-    assert probe_cache.fingerprint("gloo", 3, 0) != probe_cache.fingerprint("gloo", 2, 0)
-    assert probe_cache.fingerprint("nccl", 2, 4) != probe_cache.fingerprint("nccl", 2, 8)
+    assert probe_cache.fingerprint("gloo", 2, [])["thunder"] != before["thunder"]
+    assert probe_cache.fingerprint("nccl", 2, []) != probe_cache.fingerprint("gloo", 2, [])
+    assert probe_cache.fingerprint("gloo", 3, []) != probe_cache.fingerprint("gloo", 2, [])
+    assert probe_cache.fingerprint("nccl", 2, ["NVIDIA H100"]) != probe_cache.fingerprint("nccl", 2, ["NVIDIA H200"])
 
 
 def test_a_warm_cache_picks_the_cells_without_a_world(tmp_path: Path) -> None:
