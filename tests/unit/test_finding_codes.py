@@ -19,9 +19,10 @@ from conformance.checks import collectives, memory
 from conformance.checks.findings import CellResult, Failure, Findings
 from conformance.checks.registry import AREAS
 from conformance.frontend import xfails
-from conformance.frontend.verdict import Conformance, Grouped
+from conformance.frontend.verdict import Conformance
 from conformance.matrix.cells import Cell
 from tests.support.suite_runs import ROOT
+from tests.support.verdicts import on_ranks, stand_in_runner
 
 PIN = "0.2.7.dev20260201"
 CELL = Cell("tied_lm", "real", "fsdp_jit", bucketing="layer")
@@ -45,18 +46,11 @@ def pin_entries() -> list[xfails.Expectation]:
 def verdict(failures: list[Failure]) -> type[BaseException] | None:
     """What the verdict of CELL's collectives item raises on ``failures`` (every one on ranks
     0 and 1) under the pin's xfails file: KnownNonConformance, pytest's fail, or None."""
-    entries = pin_entries()
-    runner = SimpleNamespace(
-        expectations=entries,
-        thunder_version=PIN,
-        session=SimpleNamespace(backend="gloo"),
-        known=lambda c, a: [e for e in entries if e.covers(c, a, PIN, "gloo")],
-    )
-    grouped = Grouped()
-    for failure in failures:
-        grouped.add(failure, [0, 1])
+    runner = stand_in_runner(pin_entries(), PIN)
     try:
-        Conformance(runner, SimpleNamespace(user_properties=[]))._judge(CELL, "collectives", grouped, REPRO, False)  # type: ignore[arg-type]
+        Conformance(runner, SimpleNamespace(user_properties=[]))._judge(
+            CELL, "collectives", on_ranks(failures), REPRO, False
+        )  # type: ignore[arg-type]
     except (pytest.fail.Exception, xfails.KnownNonConformance) as exc:
         return type(exc)
     return None

@@ -16,13 +16,14 @@ import pytest
 
 from conformance.checks.findings import Failure
 from conformance.frontend import ledger, xfails
-from conformance.frontend.verdict import Conformance, Grouped
+from conformance.frontend.verdict import Conformance
 from conformance.matrix.cells import Cell
 from conformance.reports.comparison import compare
 from conformance.reports.comparison_markdown import markdown
 from conformance.reports.session import SessionInfo
 from conformance.reports.writer import Reporter
 from tests.support.suite_runs import ROOT
+from tests.support.verdicts import on_ranks, stand_in_runner
 
 CELL = Cell("tied_lm", "real", "fsdp_jit", bucketing="layer")
 AREA = "collectives"
@@ -69,19 +70,10 @@ def judge(
 ) -> tuple[type[BaseException] | None, str, list[tuple[str, str]]]:
     """The exception the verdict raised (None: conforms), its message, and the item's
     user_properties but the templates' ledger (tests/unit/test_template_ledger.py)."""
-    backend = "gloo"
-    runner = SimpleNamespace(
-        expectations=entries,
-        thunder_version=version,
-        session=SimpleNamespace(backend=backend),
-        known=lambda c, a: [e for e in entries if e.covers(c, a, version, backend)],
-    )
+    runner = stand_in_runner(entries, version)
     node = SimpleNamespace(user_properties=[])
     try:
-        found = Grouped()
-        for failure in failures:
-            found.add(failure, [0, 1])
-        Conformance(runner, node)._judge(cell, area, found, REPRO, record=True)  # type: ignore[arg-type]
+        Conformance(runner, node)._judge(cell, area, on_ranks(failures), REPRO, record=True)  # type: ignore[arg-type]
     except (pytest.fail.Exception, xfails.KnownNonConformance) as exc:
         return type(exc), str(exc), _without_ledger(node.user_properties)
     return None, "", _without_ledger(node.user_properties)

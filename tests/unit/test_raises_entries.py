@@ -19,6 +19,7 @@ from conformance.frontend.verdict import Conformance, Grouped
 from conformance.matrix.cells import Cell
 from conformance.world import protocol
 from conformance.world.outcome import Outcome
+from tests.support.verdicts import stand_in_runner
 
 CELL = Cell("mlp", "real", "fsdp_jit", executors="torchcompile")
 VERSION = "0.2.7.dev20260201"
@@ -74,14 +75,8 @@ def raised(
 def verdict(
     entries: list[xfails.Expectation], outcome: Outcome, area: str = "numerics"
 ) -> tuple[type | None, str, list]:
-    runner = SimpleNamespace(
-        expectations=entries,
-        thunder_version=VERSION,
-        session=SimpleNamespace(backend="gloo", repro=lambda nodeid: f"python -m pytest {nodeid}"),
-        known=lambda c, a: [e for e in entries if e.covers(c, a, VERSION, "gloo")],
-        run=lambda cell: outcome,
-        baseline=None,
-    )
+    runner = stand_in_runner(entries, VERSION, run=lambda cell: outcome, baseline=None)
+    runner.session.repro = lambda nodeid: f"python -m pytest {nodeid}"
     node = SimpleNamespace(user_properties=[], nodeid=f"conformance/test_{area}.py::test_{area}[{CELL.id}]")
     try:
         Conformance(runner, node)._expect(CELL, area, record=False)  # type: ignore[arg-type]
@@ -131,12 +126,7 @@ def test_an_entry_for_other_versions_or_cells_excuses_nothing(thunder: Path) -> 
 def test_a_cell_that_stops_raising_makes_the_entry_stale(thunder: Path) -> None:
     """Fixed in Thunder: the cell runs to completion and conforms; the item names the entry."""
     entries = [entry()]
-    runner = SimpleNamespace(
-        expectations=entries,
-        thunder_version=VERSION,
-        session=SimpleNamespace(backend="gloo"),
-        known=lambda c, a: [e for e in entries if e.covers(c, a, VERSION, "gloo")],
-    )
+    runner = stand_in_runner(entries, VERSION)
     node = SimpleNamespace(user_properties=[])
     with pytest.raises(pytest.fail.Exception, match=r"xfails.toml:40: stale"):
         Conformance(runner, node)._judge(CELL, "numerics", Grouped(), "repro: x", record=False)  # type: ignore[arg-type]

@@ -15,11 +15,12 @@ import pytest
 
 from conformance.checks.findings import Failure
 from conformance.frontend import ledger, xfails
-from conformance.frontend.verdict import Conformance, Grouped
+from conformance.frontend.verdict import Conformance
 from conformance.matrix.cells import Cell
 from conformance.reports.session import SessionInfo
 from conformance.reports.writer import Reporter
 from tests.support.suite_runs import ROOT
+from tests.support.verdicts import on_ranks, stand_in_runner
 
 PIN = "0.2.7.dev20260201"
 CELL = Cell("mlp", "real", "fsdp_jit", bucketing="layer")
@@ -58,18 +59,10 @@ def entry(*failures: Any, thunder: str = f"=={PIN}") -> xfails.Expectation:
 
 def judge(entries: list[xfails.Expectation], cell: Cell, *failures: Failure) -> tuple[str, list[tuple[str, str]]]:
     """The verdict (passed, xfailed, failed) on ``failures`` (each on ranks 0 and 1), and the item's properties."""
-    runner = SimpleNamespace(
-        expectations=entries,
-        thunder_version=PIN,
-        session=SimpleNamespace(backend="gloo"),
-        known=lambda c, a: [e for e in entries if e.covers(c, a, PIN, "gloo")],
-    )
+    runner = stand_in_runner(entries, PIN)
     node = SimpleNamespace(user_properties=[])
-    found = Grouped()
-    for failure in failures:
-        found.add(failure, [0, 1])
     try:
-        Conformance(runner, node)._judge(cell, "collectives", found, "repro", True)  # type: ignore[arg-type]
+        Conformance(runner, node)._judge(cell, "collectives", on_ranks(failures), "repro", True)  # type: ignore[arg-type]
     except xfails.KnownNonConformance:
         return "xfailed", node.user_properties
     except pytest.fail.Exception:
