@@ -12,6 +12,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from conformance.checks.findings import Failure
+from conformance.frontend.templates import Raise
 from conformance.frontend.xfails import Expectation
 from conformance.matrix.cells import Cell
 
@@ -59,14 +60,7 @@ def known_elsewhere(
     """The entries naming ``cell``'s ``area`` that do not hold for ``thunder_version`` but would
     explain some of the ``unexpected`` failures (those no entry holding for it explains), one
     each, in file order."""
-    if thunder_version is None:
-        tested = "; the version under test is unknown"
-    else:
-        try:
-            Version(thunder_version)
-            tested = f", not declared for {thunder_version}"
-        except InvalidVersion:
-            tested = f"; the version under test is unknown ({thunder_version!r} is not a PEP 440 version)"
+    tested = _tested(thunder_version)
     found = []
     for entry in entries:
         if entry.holds_for(thunder_version) or not entry.names(cell, area, backend):
@@ -78,6 +72,37 @@ def known_elsewhere(
         if len(explained) < len(unexpected):  # name them: the others are new on any version
             quoted = "; ".join(f'"{head}"' for head in explained)
             which = f", for {len(explained)} of the {len(unexpected)} unexpected failures ({quoted})"
-        note = f"known on {', '.join(entry.thunder)} ({entry.source}){tested}{which}: {first_sentence(entry.reason)}"
-        found.append(KnownElsewhere(entry.source, list(entry.thunder), explained, note))
+        found.append(KnownElsewhere(entry.source, list(entry.thunder), explained, _note(entry, tested + which)))
     return found
+
+
+def raise_known_elsewhere(
+    cell: Cell, area: str, thunder_version: str | None, backend: str | None, entries: list[Expectation], raised: Raise
+) -> list[KnownElsewhere]:
+    """The raises entries naming ``cell``'s ``area`` that do not hold for ``thunder_version``
+    but expect the raise the cell ended with, one each, in file order."""
+    tested = _tested(thunder_version)
+    return [
+        KnownElsewhere(
+            entry.source, list(entry.thunder), [f"{raised.type}: {head(raised.message)}"], _note(entry, tested)
+        )
+        for entry in entries
+        if not entry.holds_for(thunder_version)
+        and entry.names(cell, area, backend)
+        and entry.raising(raised, cell, backend)
+    ]
+
+
+def _tested(thunder_version: str | None) -> str:
+    """How a note says the version under test is not among the entry's."""
+    if thunder_version is None:
+        return "; the version under test is unknown"
+    try:
+        Version(thunder_version)
+    except InvalidVersion:
+        return f"; the version under test is unknown ({thunder_version!r} is not a PEP 440 version)"
+    return f", not declared for {thunder_version}"
+
+
+def _note(entry: Expectation, said: str) -> str:
+    return f"known on {', '.join(entry.thunder)} ({entry.source}){said}: {first_sentence(entry.reason)}"

@@ -17,7 +17,7 @@ from conformance.checks.findings import CellResult, Failure, returned_wrong
 from conformance.checks.registry import AREAS, applies
 from conformance.frontend import baseline, ledger
 from conformance.frontend.blame import KIT, THUNDER, Blame, KitError, blame, in_thunder
-from conformance.frontend.known_elsewhere import explains_all, first_sentence, known_elsewhere
+from conformance.frontend.known_elsewhere import explains_all, known_elsewhere, raise_known_elsewhere
 from conformance.frontend.runner import Runner
 from conformance.frontend.templates import Raise
 from conformance.frontend.xfails import Expectation, KnownNonConformance
@@ -123,31 +123,23 @@ class Conformance:
         covering it expect instead (none: no entry expects one). Where raise templates name the
         cell, the ledger learns which did and which matched."""
         backend = self.runner.session.backend
-        known = self.runner.known(cell, area)
-        named = [(e.source, i) for e in known for i in e.raise_templates_for(cell, backend)]
+        named = [(e, i) for e in self.runner.known(cell, area) for i in e.raise_templates_for(cell, backend)]
         raised = _raise_of(outcome)
-        matched = [] if raised is None else [(e.source, i) for e in known for i in e.raising(raised, cell, backend)]
+        matched = [(e.source, i) for e, i in named if raised is not None and e.templates[i].raised(raised)]
         if named:
-            ledger.note(self.node, named, {"raise": matched})
+            ledger.note(self.node, [(e.source, i) for e, i in named], {"raise": matched})
         if matched:
             raise KnownNonConformance(known_message)
-        what = "no raise of Thunder's" if raised is None else f"{raised.type} at {raised.file}:{raised.function}"
-        lines = [
-            f"{e.source}: expects {e.templates[i].text}, not {what}"
-            for e in known
-            for i in e.raise_templates_for(cell, backend)
-        ]
+        if raised is None:
+            return [f"{e.source}: expects {e.templates[i].text}, not a raise of Thunder's" for e, i in named]
+        what = f"{raised.type} at {raised.file}:{raised.function}"
         # entries for other Thunder versions excuse nothing, but say the raise is upstream's
-        version = self.runner.thunder_version
-        lines += [
-            f"known on {', '.join(e.thunder)} ({e.source}), not declared for {version}: {first_sentence(e.reason)}"
-            for e in self.runner.expectations
-            if raised is not None
-            and not e.holds_for(version)
-            and e.names(cell, area, backend)
-            and e.raising(raised, cell, backend)
+        elsewhere = raise_known_elsewhere(
+            cell, area, self.runner.thunder_version, backend, self.runner.expectations, raised
+        )
+        return [f"{e.source}: expects {e.templates[i].text}, not {what}" for e, i in named] + [
+            k.note for k in elsewhere
         ]
-        return lines
 
     def _judge(self, cell: Cell, area: str, failures: Grouped, repro: str, record: bool) -> None:
         """The item's verdict on its failures (grouped by message across ranks): conforms

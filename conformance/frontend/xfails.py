@@ -132,11 +132,7 @@ class Expectation:
 
     def raising(self, raised: Raise, cell: Cell | None = None, backend: str | None = None) -> list[int]:
         """The indices of the raise templates (among those naming ``cell``) that ``raised`` is."""
-        return [
-            i
-            for i in self.templates_for(cell, backend)
-            if isinstance(t := self.templates[i], RaiseTemplate) and t.raised(raised)
-        ]
+        return [i for i in self.raise_templates_for(cell, backend) if self.templates[i].raised(raised)]  # type: ignore[union-attr]
 
     def raise_templates_for(self, cell: Cell, backend: str | None = None) -> list[int]:
         """The indices of the raise templates that name ``cell``."""
