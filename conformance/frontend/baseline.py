@@ -1,8 +1,8 @@
 """--baseline: the run in progress against an earlier report. Each area that judges a cell
 against an earlier run of it (``Area.against_baseline``) gets that run's metrics of the cell
 and the run-to-run noise of each (the thresholds and their measurement: ``reports/noise.py``);
-the whole comparison goes to summary.md and
-compare.json at session end, where capability lost sets exit status 1 (``reports/writer.py``).
+the whole comparison goes to summary.md and compare.json at session end, where capability
+lost sets exit status 1 (``reports/writer.py``).
 The cells that failed or regressed there run first, and its times order the rest
 (conformance/matrix/order.py)."""
 

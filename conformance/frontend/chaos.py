@@ -145,7 +145,7 @@ class Plugin:
 
 
 def install(config: pytest.Config, runner: Any) -> None:
-    """Under --chaos (``config.build`` has checked the share), the plugin that plants and judges."""
+    """Under --chaos (``options.build`` has checked the share), the plugin that plants and judges."""
     if runner.config.chaos is not None:
         plan = Chaos(runner.config.chaos, runner.config.chaos_share)
         config.pluginmanager.register(Plugin(runner, plan), "conformance-chaos")

@@ -65,7 +65,7 @@ class Runner:
     """The controller's state for one pytest process: its worlds and every cell's outcome."""
 
     def __init__(self, config: KitConfig, rootpath: Path) -> None:
-        """``config``: the run's options, checked (``config.build``); ``rootpath``: pytest's,
+        """``config``: the run's options, checked (``options.build``); ``rootpath``: pytest's,
         under which the worlds keep their files when there is no --report-dir."""
         self.config = config
         try:  # an unusable xfails file ends the run before any world starts: exit status 4
