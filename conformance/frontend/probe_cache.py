@@ -6,7 +6,8 @@ An answer is kept per fingerprint of everything that can change it: the Thunder 
 (its version, where it is installed and every file of its package by size and modification
 time, so that a local checkout edited in place is probed again), every installed
 distribution and its version (torch, nvFuser, litgpt: a probe asks for modules and wheels),
-the Python, the kit's own probes (their sources), the process group backend, the ranks per
+the environment variables a probe reads (PATH and CC: where it finds a compiler), the
+Python, the kit's own probes (their sources), the process group backend, the ranks per
 machine and the GPUs visible, by name. Any of them changed, the key differs and the probe runs
 again; a probe that did not complete is never kept. A run across machines always probes
 (another machine's environment is not in this one's fingerprint).
@@ -30,6 +31,9 @@ OFF = "none"
 # the kit's sources a probe's answer depends on: the registries that name each probe, the
 # probes themselves and the rank side that asks them
 PROBE_SOURCES = ("fixtures", "transforms", "conformance/rank/probe.py")
+# the environment a probe reads beside the installed packages: where it looks for a program
+# (torch.compile's probe asks for a C compiler: CC, else gcc or clang on PATH)
+PROBE_ENVIRONMENT = ("PATH", "CC")
 
 
 def default_folder() -> Path | None:
@@ -56,6 +60,7 @@ def fingerprint(backend: str, nproc: int, devices: list[str]) -> dict[str, Any]:
             sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
         ),
         "python": platform.python_version(),
+        "environment": {name: os.environ.get(name) for name in PROBE_ENVIRONMENT},
         "kit": _digest(_contents(ROOT / p for p in PROBE_SOURCES)),
         "backend": backend,
         "nproc": nproc,

@@ -43,6 +43,8 @@ def test_the_fingerprint_changes_with_thunders_files(tmp_path: Path, monkeypatch
     assert probe_cache.fingerprint("nccl", 2, []) != probe_cache.fingerprint("gloo", 2, [])
     assert probe_cache.fingerprint("gloo", 3, []) != probe_cache.fingerprint("gloo", 2, [])
     assert probe_cache.fingerprint("nccl", 2, ["NVIDIA H100"]) != probe_cache.fingerprint("nccl", 2, ["NVIDIA H200"])
+    monkeypatch.setenv("CC", "/opt/cc-that-was-not-there")  # a compiler a probe looks for, installed
+    assert probe_cache.fingerprint("gloo", 2, []) != before
 
 
 def test_a_warm_cache_picks_the_cells_without_a_world(tmp_path: Path) -> None:
