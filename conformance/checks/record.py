@@ -204,6 +204,9 @@ class MemoryRecord:
     module_inits: list[ModuleInit] = dataclasses.field(default_factory=list)  # meta init only
     loss: LossRegion | None = None  # around the measured backward
     plain: PlainPlan | None = None  # the reference for the forward's plan (cells that do not offload)
+    # why nothing after setup was measured (``rank/measure.unmeasurable``): every number of
+    # the training phases above is then zero, and no check reads it
+    unmeasured: str | None = None
 
 
 @dataclasses.dataclass

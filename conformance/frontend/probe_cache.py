@@ -6,7 +6,7 @@ An answer is kept per fingerprint of everything that can change it: the Thunder 
 (its version, where it is installed and every file of its package by size and modification
 time, so that a local checkout edited in place is probed again), every installed
 distribution and its version (torch, nvFuser, litgpt: a probe asks for modules and wheels),
-the environment variables a probe reads (PATH and CC: where it finds a compiler), the
+the environment variables a probe reads (PATH, CC and CXX: where it finds a compiler), the
 Python, the kit's own probes (their sources), the process group backend, the ranks per
 machine and the GPUs visible, by name. Any of them changed, the key differs and the probe runs
 again; a probe that did not complete is never kept. A run across machines always probes
@@ -32,8 +32,9 @@ OFF = "none"
 # probes themselves and the rank side that asks them
 PROBE_SOURCES = ("fixtures", "transforms", "conformance/rank/probe.py")
 # the environment a probe reads beside the installed packages: where it looks for a program
-# (torch.compile's probe asks for a C compiler: CC, else gcc or clang on PATH)
-PROBE_ENVIRONMENT = ("PATH", "CC")
+# (torch.compile's probe asks for a compiler: on CUDA a C one, CC, else gcc or clang on PATH;
+# on the CPU a C++ one, CXX, else g++ or clang++)
+PROBE_ENVIRONMENT = ("PATH", "CC", "CXX")
 
 
 def default_folder() -> Path | None:

@@ -49,6 +49,7 @@ from conformance.frontend.templates import (
     when_problem,
 )
 from conformance.matrix.cells import Cell
+from conformance.matrix.initialization import expects_reset_error
 
 FIELDS = ("area", "when", "thunder", "failures", "reason", "link")
 OPTIONAL = ("declares",)  # what the entry declares of the Thunder beside its failures
@@ -115,7 +116,10 @@ class Expectation:
 
     def names(self, cell: Cell, area: str, backend: str | None = None) -> bool:
         """Whether the entry names ``cell``'s ``area`` (and the session's ``backend``, where it
-        names backends), whatever Thunder versions it holds for."""
+        names backends), whatever Thunder versions it holds for. A raises entry never names a
+        negative cell: such a cell gets no model to run, only its refusal is judged."""
+        if self.raises is not None and expects_reset_error(cell):
+            return False
         return self.area in (None, area) and when_names(self.when, cell, backend)
 
     def templates_for(self, cell: Cell | None, backend: str | None = None) -> list[int]:

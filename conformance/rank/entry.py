@@ -112,6 +112,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
             module_inits=eager_model.module_inits,
             loss=training.loss,
             plain=plain,
+            unmeasured=measure.unmeasurable(parts.device, parts.executors),
         ),
         timings={
             "setup_s": composed.setup_s,

@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from conformance.checks.storages import allocated_bytes
+from fixtures.executors import ExecutorChoice
 
 
 @dataclasses.dataclass
@@ -109,9 +110,22 @@ def measure(device: torch.device, settle: bool = False) -> Iterator[Reading]:
     reading.peak, reading.alive = tracker.peak, tracker.live
 
 
+def unmeasurable(device: torch.device, executors: ExecutorChoice) -> str | None:
+    """Why the Thunder side's training cannot be measured on ``device`` without changing what
+    runs, or None: on the CPU the tracker is a dispatch mode, under which code torch.compile
+    built runs op by op rather than as its compiled kernels."""
+    if device.type == "cuda" or not executors.compiled:
+        return None
+    return (
+        f"the {executors.name} executor runs code torch.compile built, which runs only with no dispatch mode "
+        f"active; on {device.type} the kit measures memory through one, so the training phases went unmeasured"
+    )
+
+
 class Ledger:
     """What the Thunder side allocated since training began and still holds, kept across
     the phases of every step; the eager model's work between phases is not counted.
+    A blind ledger (``measured=False``) wraps nothing around the phases and reads zero.
 
     Phases are measured in absolute terms, from the ledger's zero (the end of setup): a
     phase's peak includes what earlier phases left alive (the optimizer state, the forward's
@@ -119,8 +133,9 @@ class Ledger:
     On CUDA the allocator's statistics give the same numbers, as deltas of each phase.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, measured: bool = True) -> None:
         self.device = device
+        self.measured = measured
         self.held = 0  # bytes allocated by the Thunder side and alive now
         self._tracker = _StorageTracker(device) if device.type != "cuda" else None
 
@@ -129,6 +144,10 @@ class Ledger:
         """The phase's peak and what is held at its end, both from the ledger's zero."""
         reading = Reading()
         tracker = self._tracker
+        if not self.measured:
+            reading._alive_now = lambda: 0
+            yield reading
+            return
         if tracker is None:
             torch.cuda.synchronize(self.device)
             base = torch.cuda.memory_allocated(self.device)
@@ -157,6 +176,8 @@ class Ledger:
         """What is held now (frees since the last phase included). Reference cycles that
         hold tensors are collected first: the young generations always (microseconds),
         every generation where ``thorough`` (what the task made: the rank loop froze the rest)."""
+        if not self.measured:
+            return 0
         if self._tracker is not None:
             gc.collect() if thorough else gc.collect(1)
             _settle(self._tracker)  # gloo's threads may still hold a finished collective's output

@@ -29,7 +29,7 @@ from conformance.rank.clock import thunder_call
 from conformance.rank.dropout import drawn_masks, replayed
 from conformance.rank.eager import loss, loss_region, unweighable
 from conformance.rank.gather import apart_from_rank0, cpu_copies, snapshot
-from conformance.rank.measure import Ledger, measure
+from conformance.rank.measure import Ledger, measure, unmeasurable
 from conformance.rank.references import Eager, Float64AtThunder, LocalAtThunder, Twin, TwinAtThunder
 from fixtures import patterns
 from fixtures.optimizers import OPTIMIZERS
@@ -83,7 +83,8 @@ class _Lockstep:
     training: Training = dataclasses.field(default_factory=Training)
 
     def __post_init__(self) -> None:
-        self.ledger = Ledger(self.recipe.device)
+        device = self.recipe.device
+        self.ledger = Ledger(device, measured=unmeasurable(device, self.recipe.executors) is None)
         # one optimizer-state twin per trainable storage, of the shape this rank holds
         held_world = 1 if self.eager_model.replicated else self.world
         self.shard_twins = _shard_twins(self.eager_model.module, held_world, self.recipe.device)

@@ -48,9 +48,24 @@ def test_the_values_resolve_to_thunders_executors() -> None:
 
 def test_executors_that_need_cuda_say_so_on_a_cpu_world() -> None:
     assert "CUDA kernels only" in executors._nvfuser_unsupported(CPU)
-    why = executors._torchcompile_unsupported(CPU)
-    # the reason is the kit's measurement: a dispatch mode keeps torch.compile's kernels from running
-    assert "dispatch mode" in why and "cpu" in why
+
+
+def test_torch_compile_runs_on_a_cpu_world_with_a_cpp_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor builds CPU kernels from C++: with a compiler on PATH the executor is offered on
+    the CPU (the kit then measures its cells through setup only: rank/measure.unmeasurable)."""
+    import thunder.extend
+
+    monkeypatch.setattr(thunder.extend, "get_executor", lambda name: object())
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CXX", raising=False)
+    try:
+        executors._torchcompile_unsupported.cache_clear()
+        assert "C++ compiler" in executors._torchcompile_unsupported(CPU)
+        executors._torchcompile_unsupported.cache_clear()
+        monkeypatch.setenv("CXX", sys.executable)  # an executable named by CXX, as inductor reads it
+        assert executors._torchcompile_unsupported(CPU) is None
+    finally:
+        executors._torchcompile_unsupported.cache_clear()
 
 
 def test_a_cuda_device_without_nvfuser_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,6 +23,9 @@ Exact (on CPU the tracker counts bytes exactly; on CUDA up to the allocator's bl
 - after the forward a rank holds what its trace returns (outputs and saved tensors, by the
   data flow), and under ZERO3 that includes no all-gather's output.
 
+A cell whose executor runs code torch.compile built is measured on the CPU through setup only
+(``rank/measure.unmeasurable``): its rows after setup are not judged, and its metrics say so.
+
 Bounded:
 - setup, exactly on the CPU (on CUDA with ESTIMATE_FACTOR: the allocator's blocks): under
   meta init the path Thunder's materialization takes, module by module, from eager's
@@ -89,6 +92,9 @@ def check(run: CellRecord) -> Findings:
     _held_after_setup(run, model, found)
 
     _setup(run, model, memory.peaks["setup"], found)
+    if memory.unmeasured is not None:  # setup's rows judged; the training phases never measured
+        found.metrics["not judged"] = f"every row after setup: {memory.unmeasured}"
+        return found
 
     held = _held_after_steps(run, model, found)
     eager = memory.eager_peaks
