@@ -86,7 +86,8 @@ def check(run: CellRecord) -> Findings:
     memory = run.memory
     model = terms(run)
     found.metrics["terms"] = dataclasses.asdict(model)
-    found.metrics["measured"] = dict(memory.peaks)
+    # a phase never measured reads zero: never shown as a measurement
+    found.metrics["measured"] = {k: v for k, v in memory.peaks.items() if memory.unmeasured is None or k == "setup"}
     found.metrics["eager"] = dict(memory.eager_peaks)  # unsharded eager model, same input: for comparison
 
     _held_after_setup(run, model, found)
