@@ -42,6 +42,10 @@ class Area:
     check: Callable[[CellRecord], Findings] | None
     # which cells that train it applies to
     applies: Callable[[Cell], bool] = every_cell
+    # whose parallelism it judges (``Composition.parallelism``): Thunder's own transforms, and
+    # "torch" only where it reads nothing but what every composition records (its record's
+    # Thunder-specific parts are absent there)
+    parallelisms: frozenset[str] = frozenset({"thunder"})
     # its check of one sampled rank of a simulated world (None: the area needs data to move)
     simulated: Callable[[SimulatedRecord], Findings] | None = None
     # how it judges a negative cell, given what setup raised (None: setup succeeded); an

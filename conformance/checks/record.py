@@ -290,7 +290,7 @@ class CellRecord:
     offload: Any
     setup: SetupRecord
     steps: list[StepRecord]  # every training step, in order
-    state_dict: StateDictRecord
+    state_dict: StateDictRecord | None  # None under PyTorch's parallelism (no Thunder state dict API)
     memory: MemoryRecord
     timings: dict[str, float]
     scenario: ScenarioRecord | None = None  # a scenario beyond training (the cell's axis)

@@ -16,6 +16,7 @@ from conformance.checks import (
 from conformance.checks.area import Area
 from conformance.matrix.cells import Cell
 from conformance.matrix.initialization import expects_reset_error
+from fixtures.compositions import COMPOSITIONS
 
 AREAS: dict[str, Area] = {
     area.name: area
@@ -35,10 +36,13 @@ AREAS: dict[str, Area] = {
 def applies(cell: Cell, name: str) -> bool:
     """Whether area ``name`` judges ``cell``: a negative cell never gets a model to train, so
     only the areas that judge a refusal apply to it; a simulated world moves no data, so only
-    the areas that judge what a rank holds and traces by itself."""
+    the areas that judge what a rank holds and traces by itself; an area judges the
+    compositions of the parallelisms it names."""
     area = AREAS[name]
     if cell.simulated:
         return area.simulated is not None
     if expects_reset_error(cell):
         return area.refusal is not None
+    if COMPOSITIONS[cell.composition].parallelism not in area.parallelisms:
+        return False
     return area.check is not None and area.applies(cell)

@@ -24,6 +24,8 @@ def final_traces(thunder_module: Any) -> FinalTraces:
     it kept none of: each area that reads it says so)."""
     import thunder
 
+    if thunder.compile_data(thunder_module) is None:  # not Thunder's (a composition of PyTorch's parallelism)
+        return FinalTraces(None, None)
     return FinalTraces(_last(thunder.last_traces(thunder_module)), _last(thunder.last_backward_traces(thunder_module)))
 
 

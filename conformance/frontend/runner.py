@@ -42,6 +42,7 @@ RANK_IMPORTS = (
     "thunder.transforms",
     "thunder.distributed.transforms.fsdp_v2",
     "thunder.distributed.transforms.ddp_v2",
+    "thunder.dynamo",
     "transforms.offload",
     "litgpt",
 )

@@ -49,7 +49,8 @@ def axis_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str,
     return {
         "model": list(MODELS),
         "init": list(INITS),
-        "composition": [c for c in COMPOSITIONS if c not in unsupported],
+        # Thunder's own transforms: PyTorch's parallelism has arrays of its own (torch_parallel_values)
+        "composition": [c for c in COMPOSITIONS if c not in unsupported and COMPOSITIONS[c].parallelism == "thunder"],
         "tie": list(TIES),
         "offload": [p for p in POLICIES if p not in unsupported],
         "sharding": list(SHARDINGS),
@@ -140,6 +141,7 @@ def cell_from_axes(axes: object) -> Cell:
         return cell
     allowed = axis_values(world_size)
     allowed["model"] = [*allowed["model"], GENERATED]
+    allowed["composition"] = list(COMPOSITIONS)  # PyTorch's parallelism's too
     for axis, values in allowed.items():
         if axis in axes and axes[axis] not in values:
             raise ValueError(f"{axis} {axes[axis]!r} is not one of {', '.join(map(str, values))}")

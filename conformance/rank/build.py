@@ -174,6 +174,7 @@ def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
             transforms,
             recipe.executors.jit_options(),
             ddp_options,
+            fsdp2_reshard=recipe.cell.sharding == "zero3",
         )
         tm = recipe.composition.build(model, how)
         if recipe.plan.load_after == "original":

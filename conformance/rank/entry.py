@@ -77,13 +77,16 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
     training = train(parts, eager_model, tm, rank, world)
     traces = final_traces(tm)  # before a scenario compiles a computation of its own
     offloading = offload_decision(composed.transforms)  # of the compilation those traces are
+    # under PyTorch's parallelism the record holds the steps and setup only: the areas that
+    # judge it read nothing else (registry.applies)
+    thunders = parts.composition.parallelism == "thunder"
     began = time.perf_counter()
-    plain = reference_plan(parts) if plain_jit else None
+    plain = reference_plan(parts) if plain_jit and thunders else None
     plain_s = time.perf_counter() - began  # a compile where this world has not met the key yet
     progress.at(f"scenario {cell.scenario}")
     scenario = run_scenario(cell.scenario, parts, eager_model, tm, training.optimizer, rank, world)
     progress.at("state dict round trip")
-    state_dict = round_trip_state_dict(parts, eager_model, tm)
+    state_dict = round_trip_state_dict(parts, eager_model, tm) if thunders else None
     return CellRecord(
         cell=cell,
         rank=rank,

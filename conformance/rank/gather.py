@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from conformance.checks.record import Apart
 from fixtures import patterns
@@ -99,7 +100,10 @@ def gather(
             continue
         p = params[name]
         t = None if p is None else p.grad if grads else p
-        local = _local_shape(shape, world, replicated)
+        whole = replicated or isinstance(t, DTensor)
+        if isinstance(t, DTensor):  # FSDP2's: its own layout, gathered by DTensor (every rank holds one)
+            t = t.full_tensor()
+        local = tuple(shape) if whole else _local_shape(shape, world, replicated)
         dtype = (dtypes or {}).get(name, torch.float32 if p is None else p.dtype)
         absent = "missing from the Thunder module" if p is None else "no gradient"
         wrong = absent if t is None else _defect(t, local, dtype, device)
@@ -111,7 +115,7 @@ def gather(
         if wrong is not None:
             defects[name] = wrong
             t = torch.full(local, float("nan"), dtype=dtype, device=device)
-        out[name] = t.detach().cpu().clone() if replicated else unshard(t, shape)
+        out[name] = t.detach().cpu().clone() if whole else unshard(t, shape)
     return Gathered(out, _merged_over_ranks(defects, device))
 
 

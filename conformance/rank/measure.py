@@ -64,16 +64,14 @@ class _StorageTracker(TorchDispatchMode):
 
     def _track(self, args: Any, kwargs: Any, out: Any) -> None:
         """Count the storages that the op's outputs newly hold on the device."""
-        inputs = {
-            t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
-        }
+        inputs = {_pointer(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor) or t.device != self.device:
                 continue
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
+            ptr = _pointer(t)
             if not ptr or ptr in inputs or ptr in self._refs:
                 continue
+            storage = t.untyped_storage()
             nbytes = storage.nbytes()
             self.live += nbytes
             self.peak = max(self.peak, self.live)
@@ -82,6 +80,15 @@ class _StorageTracker(TorchDispatchMode):
     def _free(self, ptr: int, nbytes: int) -> None:
         self.live -= nbytes
         self._refs.pop(ptr, None)
+
+
+def _pointer(t: torch.Tensor) -> int:
+    """The data pointer of ``t``'s storage; 0 where it has none to read (a wrapper subclass's,
+    such as a DTensor's, or a storage FSDP2 freed by resizing it to nothing)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except RuntimeError:
+        return 0
 
 
 @contextlib.contextmanager

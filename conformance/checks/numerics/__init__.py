@@ -16,4 +16,5 @@ from __future__ import annotations
 from conformance.checks.area import Area
 from conformance.checks.numerics.steps import check
 
-AREA = Area("numerics", check)
+# every composition records its steps: Thunder's transforms and PyTorch's parallelism alike
+AREA = Area("numerics", check, parallelisms=frozenset({"thunder", "torch"}))
