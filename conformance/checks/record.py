@@ -263,6 +263,7 @@ class SimulatedRecord:
     timings: dict[str, float]
     traces: FinalTraces | None = None  # Thunder's forward and backward traces of that step
     declared: frozenset[str] = frozenset()  # what the xfails file declares of this cell (checks/declared.py)
+    reached: ReachedThunder | None = None  # under PyTorch's parallelism: what Thunder compiled
 
     @property
     def init(self) -> inits.InitMode:
@@ -273,6 +274,19 @@ class SimulatedRecord:
         """Where the shards are, as a real world's record says: the CPU, whatever the session's
         backend (conformance/rank/simulate.py), so its bytes are read exactly, unrounded."""
         return torch.device("cpu")
+
+
+@dataclasses.dataclass
+class ReachedThunder:
+    """What Thunder compiled of a model composed with PyTorch's parallelism
+    (``conformance/rank/reached.py``), from Thunder's and Dynamo's own reports."""
+
+    # functions Thunder compiled and ran: ThunderFX's (each subgraph's Thunder-compiled
+    # pieces) or, under thunder.jit, the jitted modules that ran
+    compiled: int
+    eager_graphs: int  # graphs Dynamo captured that ThunderFX handed to eager whole (none of it supported)
+    splits: list[str]  # each split of a captured graph, "REASON_TYPE: what caused it"
+    graph_breaks: dict[str, int]  # Dynamo's graph breaks while the cell ran, by reason
 
 
 @dataclasses.dataclass
@@ -295,6 +309,7 @@ class CellRecord:
     timings: dict[str, float]
     scenario: ScenarioRecord | None = None  # a scenario beyond training (the cell's axis)
     declared: frozenset[str] = frozenset()  # what the xfails file declares of this cell (checks/declared.py)
+    reached: ReachedThunder | None = None  # under PyTorch's parallelism: what Thunder compiled
 
     @property
     def before(self) -> ParametersAfter:

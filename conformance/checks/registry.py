@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from conformance.checks import (
     collectives,
+    compiled,
     materialization,
     memory,
     numerics,
@@ -29,6 +30,7 @@ AREAS: dict[str, Area] = {
         memory.AREA,
         offload.AREA,
         sharding.AREA,
+        compiled.AREA,
     )
 }
 

@@ -11,6 +11,7 @@ from collections.abc import Collection
 from typing import Any
 
 from conformance.matrix import simulated
+from conformance.matrix.cells import DEFAULT_EXECUTORS as EXECUTORS_DEFAULT
 from conformance.matrix.cells import Cell
 from fixtures.compositions import COMPOSITIONS
 from fixtures.executors import EXECUTORS
@@ -105,6 +106,26 @@ def replicated_values(world_size: int, unsupported: Collection[str] = ()) -> dic
         for i in values["init"]
         if any(valid({"composition": c, "init": i}) for c in COMPOSITIONS if COMPOSITIONS[c].replicated)
     ]
+    return values
+
+
+# PyTorch's parallelism's models in ci and nightly: one without blocks (FSDP2 shards the root
+# alone; tied or not), one with (the benchmark's per-block units: litgpt's transformer blocks)
+TORCH_PARALLEL_MODELS = ("tied_lm", "litgpt_llama")
+
+
+def torch_parallel_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
+    """The values that apply to the compositions of PyTorch's parallelism (those offered):
+    real init, no offloading, FSDP2's reshard_after_forward as the sharding axis (DDP's cells
+    at its default), both dtypes and ties, training; Thunder's default executors. Empty
+    compositions where none is offered."""
+    values = axis_values(world_size, unsupported)
+    values["composition"] = [
+        c for c in COMPOSITIONS if c not in unsupported and COMPOSITIONS[c].parallelism == "torch"
+    ]
+    values["model"] = list(TORCH_PARALLEL_MODELS)
+    values.update(init=["real"], offload=["none"], bucketing=["none"], scenario=["train"])
+    values["executors"] = [EXECUTORS_DEFAULT]
     return values
 
 

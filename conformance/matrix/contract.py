@@ -109,7 +109,8 @@ def _met(cells: Iterable[Cell]) -> set[Item]:
     """The items the real cells meet (a simulated one checks no numerics and no state dict)."""
     met: set[Item] = set()
     for cell in cells:
-        if not cell.simulated:
+        # the contract is Thunder's transforms': PyTorch's parallelism's cells judge other areas
+        if not cell.simulated and COMPOSITIONS[cell.composition].parallelism == "thunder":
             met |= items_of(cell.__dict__)
     return met
 

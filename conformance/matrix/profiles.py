@@ -27,6 +27,7 @@ from conformance.matrix.axes import (
     axis_values,
     pairwise_values,
     replicated_values,
+    torch_parallel_values,
     trains_only,
     valid,
 )
@@ -130,9 +131,12 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
         return list(simulated.covering(unsupported))
     runs = pairwise_values(profile, world_size, unsupported)
     ddp = replicated_values(world_size, unsupported)
+    # PyTorch's parallelism under Thunder: an array of its own in every profile but smoke
+    torch_parallel = torch_parallel_values(world_size, unsupported)
+    torch_cells = list(grown(torch_parallel, contract=False)) if torch_parallel["composition"] else []
     if profile == "ci":
         picked = (_runnable(c, unsupported) for c in (*BOUNDARY_CI, *simulated.CI))
-        selected = [*grown(runs, contract), *(c for c in picked if c is not None)]
+        selected = [*grown(runs, contract), *(c for c in picked if c is not None), *torch_cells]
     elif profile == "nightly":
         # every triple at the session's size; the boundary sizes get what full gives them
         # (a pairwise array each), which covers everything BOUNDARY_CI was picked for
@@ -143,6 +147,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *(covering(ddp) if ddp["composition"] else ()),
             *(covering(trains_only(runs)) if TRAINS_ONLY else ()),
             *(covering(trains_only(ddp)) if TRAINS_ONLY and ddp["composition"] else ()),
+            *torch_cells,
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]
@@ -152,10 +157,12 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *full(ddp),
             *(full(trains_only(runs)) if TRAINS_ONLY else ()),
             *(full(trains_only(ddp)) if TRAINS_ONLY else ()),
+            *(full(torch_parallel) if torch_parallel["composition"] else ()),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]
     offered = axis_values(world_size)
+    offered["composition"] = list(COMPOSITIONS)  # PyTorch's parallelism's stand in too
     selected += [
         _stand_in(axis, value, world_size, unsupported)
         for axis in PROBED_AXES

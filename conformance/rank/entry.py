@@ -22,7 +22,7 @@ from conformance.checks.registry import AREAS, applies
 from conformance.checks.traces import final_traces
 from conformance.matrix.cells import Cell
 from conformance.matrix.initialization import expects_reset_error
-from conformance.rank import clock, measure, progress
+from conformance.rank import clock, measure, progress, reached
 from conformance.rank.build import EagerModel, Recipe, Unsupported, build_eager_model, compose, recipe
 from conformance.rank.gather import clones, cpu_copies, on_every_rank, rank_device
 from conformance.rank.plain_jit import plain_plan
@@ -74,6 +74,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
     alive_after_setup = measure.census(parts.device, eager_model.kit_pointers())
     setup = record_setup(parts, eager_model, tm)
     progress.at("training")
+    breaks = reached.graph_breaks()
     training = train(parts, eager_model, tm, rank, world)
     traces = final_traces(tm)  # before a scenario compiles a computation of its own
     offloading = offload_decision(composed.transforms)  # of the compilation those traces are
@@ -87,6 +88,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
     scenario = run_scenario(cell.scenario, parts, eager_model, tm, training.optimizer, rank, world)
     progress.at("state dict round trip")
     state_dict = round_trip_state_dict(parts, eager_model, tm) if thunders else None
+    compiled = None if thunders else reached.reached_thunder(tm, breaks)
     return CellRecord(
         cell=cell,
         rank=rank,
@@ -115,7 +117,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
             module_inits=eager_model.module_inits,
             loss=training.loss,
             plain=plain,
-            unmeasured=measure.unmeasurable(parts.device, parts.executors),
+            unmeasured=measure.unmeasurable(parts.device, parts.executors, parts.composition),
         ),
         timings={
             "setup_s": composed.setup_s,
@@ -125,6 +127,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
         },
         scenario=scenario,
         declared=declared,
+        reached=compiled,
     )
 
 

@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from conformance.checks.storages import allocated_bytes
+from fixtures.compositions import Composition
 from fixtures.executors import ExecutorChoice
 
 
@@ -117,14 +118,16 @@ def measure(device: torch.device, settle: bool = False) -> Iterator[Reading]:
     reading.peak, reading.alive = tracker.peak, tracker.live
 
 
-def unmeasurable(device: torch.device, executors: ExecutorChoice) -> str | None:
+def unmeasurable(device: torch.device, executors: ExecutorChoice, composition: Composition) -> str | None:
     """Why the Thunder side's training cannot be measured on ``device`` without changing what
-    runs, or None: on the CPU the tracker is a dispatch mode, under which code torch.compile
-    built runs op by op rather than as its compiled kernels."""
-    if device.type == "cuda" or not executors.compiled:
+    runs, or None: on the CPU the tracker is a dispatch mode, under which Dynamo runs a frame
+    op by op rather than the graph torch.compile built (for ThunderFX: nothing reaches Thunder)."""
+    parts = ((executors, "executor"), (composition, "composition"))
+    compiled = [f"the {p.name} {kind}" for p, kind in parts if p.compiled]
+    if device.type == "cuda" or not compiled:
         return None
     return (
-        f"the {executors.name} executor runs code torch.compile built, which runs only with no dispatch mode "
+        f"{' and '.join(compiled)} run code torch.compile built, which runs only with no dispatch mode "
         f"active; on {device.type} the kit measures memory through one, so the training phases went unmeasured"
     )
 

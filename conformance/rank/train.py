@@ -83,8 +83,9 @@ class _Lockstep:
     training: Training = dataclasses.field(default_factory=Training)
 
     def __post_init__(self) -> None:
-        device = self.recipe.device
-        self.ledger = Ledger(device, measured=unmeasurable(device, self.recipe.executors) is None)
+        recipe = self.recipe
+        why = unmeasurable(recipe.device, recipe.executors, recipe.composition)
+        self.ledger = Ledger(recipe.device, measured=why is None)
         # one optimizer-state twin per trainable storage, of the shape this rank holds
         held_world = 1 if self.eager_model.replicated else self.world
         self.shard_twins = _shard_twins(self.eager_model.module, held_world, self.recipe.device)

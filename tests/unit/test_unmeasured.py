@@ -9,6 +9,7 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from conformance.rank.measure import Ledger, unmeasurable
+from fixtures.compositions import COMPOSITIONS
 from fixtures.executors import EXECUTORS
 
 CPU = torch.device("cpu")
@@ -36,11 +37,16 @@ def test_the_tracker_keeps_dynamo_from_compiling_and_a_blind_ledger_does_not() -
         torch._dynamo.reset()
 
 
-def test_only_compiled_executors_go_unmeasured_and_only_on_the_cpu() -> None:
-    why = unmeasurable(CPU, EXECUTORS["torchcompile"])
-    assert why is not None and "torchcompile" in why and "dispatch mode" in why
-    assert unmeasurable(torch.device("cuda", 0), EXECUTORS["torchcompile"]) is None  # the allocator's statistics
-    assert all(unmeasurable(CPU, e) is None for name, e in EXECUTORS.items() if name != "torchcompile")
+def test_only_what_torch_compile_runs_goes_unmeasured_and_only_on_the_cpu() -> None:
+    fsdp = COMPOSITIONS["fsdp_jit"]
+    why = unmeasurable(CPU, EXECUTORS["torchcompile"], fsdp)
+    assert why is not None and "torchcompile executor" in why and "dispatch mode" in why
+    assert unmeasurable(torch.device("cuda", 0), EXECUTORS["torchcompile"], fsdp) is None  # the allocator's statistics
+    assert all(unmeasurable(CPU, e, fsdp) is None for name, e in EXECUTORS.items() if name != "torchcompile")
+    # ThunderFX is torch.compile: under the tracker nothing would reach Thunder
+    plain = EXECUTORS["default"]
+    assert "thunderfx_fsdp2 composition" in unmeasurable(CPU, plain, COMPOSITIONS["thunderfx_fsdp2"])
+    assert unmeasurable(CPU, plain, COMPOSITIONS["fsdp2_jit"]) is None
 
 
 def test_a_blind_ledger_reads_zero_and_holds_nothing() -> None:

@@ -60,6 +60,12 @@ def check(run: CellRecord) -> Findings:
         # computed alone (rounded per rank, as a data-parallel rank rounds it before reducing)
         at_thunder_grads = at_thunder.grads if at_thunder is not None else None
         local = Local.of(step.local_at_thunder, at_thunder_grads, run.cell.world_size - 1, run.dtype)
+        # a parameter eager trains that got no gradient from Thunder at all (no rank's shard):
+        # its update, every later output and step follow from that alone, so the loop reports
+        # the missing gradients and ends there, saying what it left unjudged
+        lost = sorted(set(step.eager.grads) - set(step.grads))
+        if lost:
+            kinds = {k: v for k, v in kinds.items() if k in ("output", "gradients")}
         for kind, (actual, expected, twin) in kinds.items():
             if kind in failed:
                 continue
@@ -77,6 +83,13 @@ def check(run: CellRecord) -> Findings:
                 found, what, actual, expected, twin, run.dtype, allowed.get(kind), per_rank, roundings, fields
             ):
                 failed.add(kind)
+        if lost:
+            found.metrics["not judged"] = (
+                f"everything after the gradients of step {k} ({step.optimizer}): {len(lost)} parameters got no "
+                f"gradient from Thunder ({', '.join(lost[:5])}{', ...' if len(lost) > 5 else ''}), and every "
+                "later comparison follows from that"
+            )
+            break
         if low and "update" not in failed and not judge_update(found, k, stage, before, run.dtype, moved):
             failed.add("update")
         # the same gradients one precision up: what the dtype's roundings did to eager's
