@@ -13,7 +13,7 @@ from conformance.matrix.profiles import cells
 from tests.planted.registry import RECORDS
 
 # what the worlds' probe refuses on the pin on a CPU (tests/unit/test_profiles.py holds it)
-PIN_UNSUPPORTED = dict.fromkeys(("legacy_jit_fsdp", "nvfuser", "torchcompile"), "")
+PIN_UNSUPPORTED = dict.fromkeys(("legacy_jit_fsdp", "nvfuser"), "")
 THREE_WAY = [b for b in RECORDS if b.family == "three_way"]
 
 

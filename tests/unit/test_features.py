@@ -16,7 +16,7 @@ from conformance.matrix.profiles import cells
 from conformance.reports.summary import _unmet_contract
 from fixtures.models import MODELS, fixture_for
 
-PIN_UNSUPPORTED = dict.fromkeys(("legacy_jit_fsdp", "nvfuser", "torchcompile"), "")
+PIN_UNSUPPORTED = dict.fromkeys(("legacy_jit_fsdp", "nvfuser"), "")
 
 
 def _built(model: str, tie: str, spec: str | None = None) -> nn.Module:

@@ -30,10 +30,9 @@ from tests.support.suite_runs import ROOT
 PIN_UNSUPPORTED = {
     "legacy_jit_fsdp": "thunder.distributed.fsdp(nn.Module) raises TypeError: ...",
     "nvfuser": "nvFuser generates CUDA kernels only; this world's device is cpu",
-    "torchcompile": "torch.compile runs its compiled kernels only where ...",
 }
 # one reported-unsupported cell each
-STAND_INS = 3
+STAND_INS = 2
 CI = cells("ci", 2, PIN_UNSUPPORTED)
 
 
@@ -204,9 +203,9 @@ def test_an_executor_the_environment_offers_runs_across_the_array() -> None:
     selected = [c for c in cells("ci", 2, gpu_host) if c.composition not in gpu_host and not c.simulated]
     assert unmet_pairs(selected, 2, gpu_host, profile="ci") == []
     assert {c.executors for c in selected} == set(EXECUTORS)
-    # on the CPU pin the two that need CUDA keep one cell each, reporting why
+    # on the CPU pin the one that needs CUDA keeps one cell, reporting why
     stand_ins = [c for c in CI if c.executors in PIN_UNSUPPORTED]
-    assert sorted(c.executors for c in stand_ins) == ["nvfuser", "torchcompile"]
+    assert sorted(c.executors for c in stand_ins) == ["nvfuser"]
 
 
 def test_ci_meets_every_scenario_pairwise_and_compiles_litgpt_again_only_for_its_pairs() -> None:
@@ -243,3 +242,27 @@ def test_ddp_takes_rows_of_cis_array_and_has_nightly_arrays_of_its_own() -> None
             for y in values[b]:
                 if valid({a: x, b: y}):
                     assert frozenset([(a, x), (b, y)]) in met, (a, x, b, y)
+
+
+def test_ci_carries_pytorch_parallelism_in_an_array_of_its_own() -> None:
+    """FSDP2 and DDP under Thunder: every composition offered, on a model with blocks and one
+    without, every pair of composition and model, tie, dtype and FSDP2's resharding met; none
+    of them in the arrays of Thunder's own transforms."""
+    from conformance.matrix.axes import torch_parallel_values
+    from fixtures.compositions import COMPOSITIONS
+
+    family = [c for c in RUNS if COMPOSITIONS[c.composition].parallelism == "torch"]
+    values = torch_parallel_values(2, PIN_UNSUPPORTED)
+    assert {c.composition for c in family} == set(values["composition"]) == {
+        "thunderfx_fsdp2", "fsdp2_jit", "jit_fsdp2", "thunderfx_torchddp", "torchddp_jit"
+    }  # fmt: skip
+    for axis in ("model", "tie", "dtype", "sharding"):
+        met = {(c.composition, getattr(c, axis)) for c in family}
+        wanted = {
+            (comp, v)
+            for comp in values["composition"]
+            for v in values[axis]
+            if valid({"composition": comp, axis: v})
+        }
+        assert wanted <= met, (axis, sorted(wanted - met))
+    assert all(c.init == "real" and c.scenario == "train" for c in family)

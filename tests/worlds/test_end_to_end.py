@@ -40,8 +40,9 @@ def unsupported(run: SuiteRun) -> dict[str, str]:
 
 def test_every_cell_conforms_or_is_a_recorded_exception(suite: SuiteRun) -> None:
     assert suite.returncode == 0, suite.output
-    # the legacy composition was removed from Thunder 0.2.1 on; nvFuser and torch.compile need CUDA
-    assert set(unsupported(suite)) == {"legacy_jit_fsdp", "nvfuser", "torchcompile"}
+    # the legacy composition was removed from Thunder 0.2.1 on; nvFuser needs CUDA (torch.compile
+    # runs on the CPU: its cells raise there, as the raises entries expect)
+    assert set(unsupported(suite)) == {"legacy_jit_fsdp", "nvfuser"}
     selected = cells("ci", 2, unsupported(suite))
     for area in AREAS:
         outcomes = suite.outcomes(area)
