@@ -1,0 +1,59 @@
+"""PyTorch's parallelism under Thunder, without a world: the names a rank reads the model
+by (eager's, a ThunderModule's own component dropped), FSDP2's units, and what a jitted
+module's parameters are to the kit (the tensors registered in the model, never the
+ThunderModule's snapshot of them)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fixtures.models import MODELS
+from fixtures.torch_parallel import UnderTest, eager_name, units
+
+
+class Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Linear(3, 4)
+        self.h = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+        self.head = nn.Linear(4, 2)
+        self.head.weight = nn.Parameter(torch.ones(2, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.emb(x)
+        for block in self.h:
+            x = block(x)
+        return self.head(x)
+
+
+def test_a_jitted_block_is_read_by_eager_names() -> None:
+    import thunder
+
+    model = Blocks()
+    eager = [n for n, _ in model.named_parameters()]
+    model.h[0] = thunder.jit(model.h[0])
+    registered = [n for n, _ in nn.Module.named_parameters(model)]
+    assert "h.0._model.weight" in registered  # as nn.Module, and FSDP2, see it
+    assert [eager_name(model, n) for n in registered] == eager
+    under = UnderTest(model, model)
+    assert [n for n, _ in under.named_parameters()] == eager
+    # the tensors registered in the model: the ones FSDP2 would replace by its shards
+    assert under.get_parameter("h.0.weight") is model.h[0]._model.weight
+
+
+def test_a_tied_weight_is_found_by_each_of_its_names() -> None:
+    model = MODELS["tied_lm"].build(True)
+    under = UnderTest(model, model)
+    tied = [n for n, p in model.named_parameters(remove_duplicate=False) if p is model.get_parameter(n)]
+    names = {n for n, _ in under.named_parameters()}
+    every = {n for n, _ in under.named_parameters(remove_duplicate=False)}
+    assert names < every  # the optimizer steps a tied weight once
+    assert all(under.get_parameter(n) is model.get_parameter(n) for n in tied)
+
+
+def test_fsdp2_units_are_the_numbered_blocks_then_the_root() -> None:
+    model = Blocks()
+    assert units(model) == [model.h[0], model.h[1], model]
+    plain = MODELS["mlp"].build(False)
+    assert units(plain) == [plain]
