@@ -45,9 +45,15 @@ def test_three_way_bugs_of_different_features_and_both_families() -> None:
 
 
 @pytest.mark.parametrize("bug", [b.name for b in THREE_WAY])
-def test_ci_holds_a_failing_cell_and_the_pairwise_array_alone_none(bug: str) -> None:
+def test_ci_holds_a_failing_cell_for_each(bug: str) -> None:
     assert _must_fail(bug, CI), f"ci holds no cell {bug} must fail on"
-    assert not _must_fail(bug, PAIRWISE), f"the pairwise array alone already catches {bug}"
     # the slow test picks ci's cells for it (not nightly's): one for each of its predicates
     record = next(b for b in THREE_WAY if b.name == bug)
     assert all(any(p(c) for c in CI) for p in record.cells or ())
+
+
+def test_the_pairwise_array_alone_misses_them() -> None:
+    """What the coverage contract adds: the pairwise array meets such a triple only by chance
+    (which ones it meets changes whenever an axis gains a value), the contract's top-up always."""
+    missed = [b.name for b in THREE_WAY if not _must_fail(b.name, PAIRWISE)]
+    assert len(missed) >= 2, f"the pairwise array alone catches all but {missed}"
