@@ -4,7 +4,7 @@ covering array of a strength, and ci's array grown by the composition and the sc
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from conformance.matrix.axes import valid
@@ -13,31 +13,50 @@ from conformance.matrix.cost import SCENARIO_COMPILATIONS, scenario_seconds
 from fixtures.compositions import COMPOSITIONS
 from fixtures.models import MODELS
 
+# (composition, executors) pairs the worlds' probe refused (``fixtures.compositions.pairing``):
+# the plugins API's default recipe where Thunder has no nvFuser. Every array leaves them out, as
+# ``valid`` leaves out what cannot exist anywhere; each keeps a stand-in (profiles.py).
+Refused = frozenset[tuple[str, str]]
 
-def full(values: dict[str, list[Any]]) -> Iterator[Cell]:
+
+def allowed(refused: Refused = frozenset()) -> Callable[[dict[str, Any]], bool]:
+    """``valid``, and no refused pair of a composition and an executors value."""
+    if not refused:
+        return valid
+
+    def ok(row: dict[str, Any]) -> bool:
+        paired = "composition" in row and "executors" in row
+        return valid(row) and not (paired and (row["composition"], row["executors"]) in refused)
+
+    return ok
+
+
+def full(values: dict[str, list[Any]], refused: Refused = frozenset()) -> Iterator[Cell]:
+    ok = allowed(refused)
     for combo in itertools.product(*(values[a] for a in AXES)):
         row = dict(zip(AXES, combo, strict=True))
-        if valid(row):
+        if ok(row):
             yield Cell(**row)
 
 
-def _rows(values: dict[str, list[Any]], strength: int = 2) -> list[dict[str, Any]]:
+def _rows(values: dict[str, list[Any]], strength: int = 2, refused: Refused = frozenset()) -> list[dict[str, Any]]:
     """A covering array: every ``strength`` values of as many axes that the constraints allow
     meet in some row. covertable orders candidates by an FNV hash, never Python's salted
     ``hash``, so the array is the same in every process."""
     from covertable import make
 
-    requires = [a for a in ("model", "tie", "composition", "init") if a in values]
-    constraint = {"operator": "fn", "requires": requires, "evaluate": valid}
+    tied = ("model", "tie", "composition", "init", *(("executors",) if refused else ()))
+    requires = [a for a in tied if a in values]
+    constraint = {"operator": "fn", "requires": requires, "evaluate": allowed(refused)}
     return list(make(values, strength=strength, constraints=[constraint]))
 
 
-def covering(values: dict[str, list[Any]], strength: int = 2) -> Iterator[Cell]:
-    for row in _rows(values, strength):
+def covering(values: dict[str, list[Any]], strength: int = 2, refused: Refused = frozenset()) -> Iterator[Cell]:
+    for row in _rows(values, strength, refused):
         yield Cell(**row)
 
 
-def grown(values: dict[str, list[Any]], contract: bool = True) -> Iterator[Cell]:
+def grown(values: dict[str, list[Any]], contract: bool = True, refused: Refused = frozenset()) -> Iterator[Cell]:
     """ci's array: pairwise over every axis but the composition and the scenario, then grown
     by each in turn (conformance/matrix/growth.py). A composition costs a cell nothing more,
     so DDP's take rows of the array (those at FSDP's default sharding: it does not apply to
@@ -47,24 +66,27 @@ def grown(values: dict[str, list[Any]], contract: bool = True) -> Iterator[Cell]
     coverage contract is met (``contract``; without it, the pairwise array alone)."""
     from conformance.matrix.growth import grow
 
+    ok = allowed(refused)
     rest = {a: v for a, v in values.items() if a not in ("composition", "scenario")}
     rows = _rows(rest)
     first, *others = values["composition"]
     # DDP's first: they fit fewer rows (FSDP's default sharding, the inits they express);
     # the first composition takes the rows no other needed
     served = [first, *sorted(others, key=lambda c: not COMPOSITIONS[c].replicated)]
-    rows = grow(rows, "composition", served, rest, valid, lambda row, composition: 0.0)
+    rows = grow(rows, "composition", served, rest, ok, lambda row, composition: 0.0)
     rest["composition"] = values["composition"]
     # the costliest scenario first: it gets the cheapest carriers (a checkpoint of DDP's, one
     # fresh composition where FSDP's takes two)
     beyond = [s for s in values["scenario"] if s != DEFAULT_SCENARIO]
     scenarios = [DEFAULT_SCENARIO, *sorted(beyond, key=lambda s: -SCENARIO_COMPILATIONS[s])]
-    rows = grow(rows, "scenario", scenarios, rest, valid, scenario_seconds)
-    for row in _topped_up(rows, values) if contract else rows:
+    rows = grow(rows, "scenario", scenarios, rest, ok, scenario_seconds)
+    for row in _topped_up(rows, values, ok) if contract else rows:
         yield Cell(**row)
 
 
-def _topped_up(rows: list[dict[str, Any]], values: dict[str, list[Any]]) -> list[dict[str, Any]]:
+def _topped_up(
+    rows: list[dict[str, Any]], values: dict[str, list[Any]], valid: Callable[[dict[str, Any]], bool] = valid
+) -> list[dict[str, Any]]:
     """The grown array with the coverage contract met (conformance/matrix/contract.py): rows
     change their scenario or composition where every pair stays met, or a row is added, the
     cheapest way first; then rows nothing needs any more go."""

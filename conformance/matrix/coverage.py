@@ -9,6 +9,7 @@ from typing import Any
 
 from conformance.matrix.axes import axis_values, pairwise_values, valid
 from conformance.matrix.cells import AXES, Cell
+from fixtures.compositions import pairing
 
 
 def coverage(ran: Iterable[Cell], world_size: int) -> dict[str, dict[str, int]]:
@@ -45,6 +46,12 @@ def unmet_combinations(
     for axes in itertools.combinations([a for a in AXES if a in values], strength):
         for combo in itertools.product(*(values[a] for a in axes)):
             pairs = tuple(zip(axes, combo, strict=True))
-            if pairs not in met and valid(dict(pairs)):
+            if pairs not in met and valid(dict(pairs)) and not _refused(dict(pairs), unsupported):
                 unmet.append(dict(pairs))
     return unmet
+
+
+def _refused(combination: dict[str, Any], unsupported: Collection[str]) -> bool:
+    """A composition and executors value the probe refused as a pair (``pairing``): no cell can run them."""
+    both = "composition" in combination and "executors" in combination
+    return both and pairing(combination["composition"], combination["executors"]) in unsupported

@@ -20,7 +20,7 @@ import functools
 from collections.abc import Collection, Iterator, Mapping
 
 from conformance.matrix import simulated
-from conformance.matrix.arrays import covering, full, grown
+from conformance.matrix.arrays import Refused, covering, full, grown
 from conformance.matrix.axes import (
     PROBED_AXES,
     TRAINS_ONLY,
@@ -32,7 +32,8 @@ from conformance.matrix.axes import (
     valid,
 )
 from conformance.matrix.cells import Cell
-from fixtures.compositions import COMPOSITIONS
+from fixtures.compositions import COMPOSITIONS, pairing
+from fixtures.executors import EXECUTORS
 from fixtures.inits import INITS
 from fixtures.models import MODELS
 
@@ -45,11 +46,17 @@ BOUNDARY_WORLD_SIZES = (3, 4)
 def _boundary_arrays(world_size: int, unsupported: Collection[str]) -> Iterator[Cell]:
     """A pairwise covering array at each boundary world size other than the session's: FSDP's
     compositions' and, where the Thunder under test offers DDP, DDP's."""
+    refused = _refused(unsupported)
     for n in BOUNDARY_WORLD_SIZES:
         if n != world_size:
-            yield from covering(pairwise_values("full", n, unsupported))
+            yield from covering(pairwise_values("full", n, unsupported), refused=refused)
             if (ddp := replicated_values(n, unsupported))["composition"]:
-                yield from covering(ddp)
+                yield from covering(ddp, refused=refused)
+
+
+def _refused(unsupported: Collection[str]) -> Refused:
+    """The (composition, executors) pairs the probe refused (``pairing``): no array holds them."""
+    return frozenset((c, e) for c in COMPOSITIONS for e in EXECUTORS if pairing(c, e) in unsupported)
 
 
 def _smoke(world_size: int) -> Iterator[Cell]:
@@ -78,10 +85,14 @@ BOUNDARY_CI = (
 )
 
 
-def _stand_in(axis: str, value: str, world_size: int, unsupported: Collection[str]) -> Cell:
-    """The one cell an unsupported value of a probed axis keeps: it reports why it does not run."""
+def _stand_in(
+    axis: str, value: str, world_size: int, unsupported: Collection[str], composition: str | None = None
+) -> Cell:
+    """The one cell an unsupported value of a probed axis keeps (with ``composition``: the
+    pair it makes with that composition): it reports why it does not run."""
     model = next(m for m in MODELS.values() if not m.lacks_reset)
-    composition = value if axis == "composition" else next(c for c in COMPOSITIONS if c not in unsupported)
+    if composition is None:
+        composition = value if axis == "composition" else next(c for c in COMPOSITIONS if c not in unsupported)
     init = next(i for i in INITS if valid({"composition": composition, "init": i}))
     cell = Cell(model.name, init, composition, tie=model.ties[-1], world_size=world_size)
     return dataclasses.replace(cell, **{axis: value})
@@ -134,29 +145,30 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
     # PyTorch's parallelism under Thunder: an array of its own in every profile but smoke
     torch_parallel = torch_parallel_values(world_size, unsupported)
     torch_cells = list(grown(torch_parallel, contract=False)) if torch_parallel["composition"] else []
+    refused = _refused(unsupported)
     if profile == "ci":
         picked = (_runnable(c, unsupported) for c in (*BOUNDARY_CI, *simulated.CI))
-        selected = [*grown(runs, contract), *(c for c in picked if c is not None), *torch_cells]
+        selected = [*grown(runs, contract, refused), *(c for c in picked if c is not None), *torch_cells]
     elif profile == "nightly":
         # every triple at the session's size; the boundary sizes get what full gives them
         # (a pairwise array each), which covers everything BOUNDARY_CI was picked for
         # DDP: a pairwise array over the axes that apply to it; the models that train only:
         # a pairwise array with FSDP's compositions and one with DDP's
         selected = [
-            *covering(runs, strength=3),
-            *(covering(ddp) if ddp["composition"] else ()),
-            *(covering(trains_only(runs)) if TRAINS_ONLY else ()),
-            *(covering(trains_only(ddp)) if TRAINS_ONLY and ddp["composition"] else ()),
+            *covering(runs, strength=3, refused=refused),
+            *(covering(ddp, refused=refused) if ddp["composition"] else ()),
+            *(covering(trains_only(runs), refused=refused) if TRAINS_ONLY else ()),
+            *(covering(trains_only(ddp), refused=refused) if TRAINS_ONLY and ddp["composition"] else ()),
             *torch_cells,
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]
     else:
         selected = [
-            *full(runs),
-            *full(ddp),
-            *(full(trains_only(runs)) if TRAINS_ONLY else ()),
-            *(full(trains_only(ddp)) if TRAINS_ONLY else ()),
+            *full(runs, refused),
+            *full(ddp, refused),
+            *(full(trains_only(runs), refused) if TRAINS_ONLY else ()),
+            *(full(trains_only(ddp), refused) if TRAINS_ONLY else ()),
             *(full(torch_parallel) if torch_parallel["composition"] else ()),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
@@ -169,4 +181,11 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
         for value in offered[axis]
         if value in unsupported
     ]
+    selected += [
+        _stand_in("executors", e, world_size, unsupported, composition=c)
+        for c in offered["composition"]
+        for e in offered["executors"]
+        if pairing(c, e) in unsupported and c not in unsupported and e not in unsupported
+    ]
     return list(dict.fromkeys(selected))
+

@@ -70,6 +70,8 @@ def recipe(cell: Cell, device: torch.device) -> Recipe:
     for probed in (composition, executors):
         if probed.probe is not None and (reason := probed.probe(device)):
             raise Unsupported(reason)
+    if composition.executors_probe is not None and (reason := composition.executors_probe(executors, device)):
+        raise Unsupported(reason)
     if POLICIES[cell.offload] is not None:
         from transforms import offload  # Thunder's import, as below
 

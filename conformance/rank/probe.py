@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from conformance.rank.gather import rank_device
-from fixtures.compositions import COMPOSITIONS
+from fixtures.compositions import COMPOSITIONS, pairing
 from fixtures.executors import EXECUTORS
 from fixtures.offloads import POLICIES
 from transforms import offload
@@ -38,11 +38,19 @@ def ask(name: str, probe: Callable[[torch.device], str | None], device: torch.de
 
 
 def probe_compositions() -> dict[str, str | None]:
-    """Composition, offload policy or executor name -> why the Thunder under test does not
-    offer it, or None where it does (or where its probe raised)."""
+    """Composition, offload policy or executor name, or a composition paired with an executors
+    value (``pairing``) -> why the Thunder under test does not offer it, or None where it does
+    (or where its probe raised)."""
     device = rank_device()
     found = {name: ask(name, c.probe, device) if c.probe is not None else None for name, c in COMPOSITIONS.items()}
     offloading = ask("offloading", lambda _: offload.unsupported(), device)
     found.update({name: offloading for name, policy in POLICIES.items() if policy is not None})
     found.update({name: ask(name, e.probe, device) for name, e in EXECUTORS.items() if e.probe is not None})
+    # a composition that cannot run an offered executors value names the pair
+    for name, c in COMPOSITIONS.items():
+        if c.executors_probe is not None and found[name] is None:
+            for e_name, e in EXECUTORS.items():
+                if found.get(e_name) is None:
+                    pair = pairing(name, e_name)
+                    found[pair] = ask(pair, lambda d, c=c, e=e: c.executors_probe(e, d), device)
     return found

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from conformance.matrix.cells import Cell
 from conformance.matrix.features import features
 from conformance.matrix.initialization import expects_reset_error
+from fixtures.compositions import COMPOSITIONS
 from fixtures.inits import INITS
 from fixtures.models import fixture_for
 
@@ -30,9 +31,12 @@ RESUME: Pred = lambda cell: cell.scenario == "resume"  # noqa: E731
 # a dropout as its last op (the eager models replay its mask)
 DROPOUT: Pred = lambda cell: fixture_for(cell.model, cell.spec).output_dropout is not None  # noqa: E731
 BROADCAST: Pred = lambda cell: INITS[cell.init].broadcast  # noqa: E731
-DDP: Pred = lambda cell: cell.composition in ("ddp_jit", "jit_ddp")  # noqa: E731
+# Thunder's own transforms (its plugins API's included), never PyTorch's parallelism under
+# Thunder: a bug planted in Thunder's DDP or FSDP transform reaches only these
+THUNDERS: Pred = lambda cell: COMPOSITIONS[cell.composition].parallelism == "thunder"  # noqa: E731
+DDP: Pred = lambda cell: THUNDERS(cell) and COMPOSITIONS[cell.composition].replicated  # noqa: E731
 # a bug planted in FSDP's reduce-scatter or its transform: DDP's cells never take that path
-FSDP: Pred = lambda cell: not DDP(cell)  # noqa: E731
+FSDP: Pred = lambda cell: THUNDERS(cell) and not COMPOSITIONS[cell.composition].replicated  # noqa: E731
 # the gradients' reduction in bfloat16: a reduction upcast there moves other bytes in another dtype
 BF16_FSDP: Pred = lambda cell: BF16(cell) and FSDP(cell)  # noqa: E731
 BF16_DDP: Pred = lambda cell: BF16(cell) and DDP(cell)  # noqa: E731

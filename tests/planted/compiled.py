@@ -20,6 +20,7 @@ JITTED: Pred = lambda cell: cell.composition in ("torchddp_jit", "fsdp2_jit")  #
 @planted(
     {"compiled": Expect(THUNDERFX, words="Thunder compiled nothing the cell ran")},
     cells=(THUNDERFX, JITTED),
+    parallelisms=frozenset({"torch"}),
 )
 @contextlib.contextmanager
 def thunderfx_hands_every_graph_to_eager() -> Iterator[None]:

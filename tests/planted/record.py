@@ -32,6 +32,8 @@ class PlantedBug:
     ``cells``: None runs the smoke profile; else predicates, each choosing one cell of ci's
     profile (else nightly's): the first that take the bug's path and the first that do not.
     ``at_scale``: tests/planted/test_scale.py also runs it on simulated worlds.
+    ``parallelisms``: whose parallelism the cells its predicates choose among run
+    (``Composition.parallelism``): Thunder's own transforms for a bug in Thunder's transforms.
     """
 
     name: str
@@ -41,10 +43,15 @@ class PlantedBug:
     cells: tuple[Pred, ...] | None = None
     at_scale: bool = False
     doc: str = ""
+    parallelisms: frozenset[str] = frozenset({"thunder"})
 
 
 def planted(
-    areas: Mapping[str, Expect] | None = None, *, cells: tuple[Pred, ...] | None = None, at_scale: bool = False
+    areas: Mapping[str, Expect] | None = None,
+    *,
+    cells: tuple[Pred, ...] | None = None,
+    at_scale: bool = False,
+    parallelisms: frozenset[str] = frozenset({"thunder"}),
 ) -> Callable[[Patch], PlantedBug]:
     """Decorate a patch into its record: the name is the function's, the family its module's,
     the doc its docstring."""
@@ -58,6 +65,7 @@ def planted(
             cells=cells,
             at_scale=at_scale,
             doc=patch.__doc__ or "",
+            parallelisms=parallelisms,
         )
 
     return record

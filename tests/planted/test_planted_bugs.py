@@ -14,6 +14,7 @@ import shlex
 import pytest
 
 from conformance.matrix.cells import Cell
+from fixtures.compositions import COMPOSITIONS, pairing
 from tests.planted.cells import NONE
 from tests.planted.record import Expect, PlantedBug
 from tests.planted.registry import BUGS, RECORDS
@@ -39,7 +40,14 @@ def _selection(bug: PlantedBug) -> list[str]:
     # may be DDP's alone), else nightly's
     probed = probed_on_this_machine()
     for profile in ("ci", "nightly"):
-        running = [c for c in cells(profile, 2, probed) if c.composition not in probed and c.executors not in probed]
+        running = [
+            c
+            for c in cells(profile, 2, probed)
+            if c.composition not in probed
+            and c.executors not in probed
+            and pairing(c.composition, c.executors) not in probed
+            and COMPOSITIONS[c.composition].parallelism in bug.parallelisms
+        ]
         running.sort(key=lambda c: (litgpt := c.model.startswith("litgpt"), expected_seconds(c) if litgpt else 0.0))
         chosen = [next((c for c in running if wanted(c)), None) for wanted in bug.cells]
         if all(chosen):

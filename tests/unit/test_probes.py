@@ -118,3 +118,46 @@ def test_the_cells_of_a_value_whose_probe_raised_run_and_fail_naming_it(thunder_
     assert f"cell {cell.id} did not run to completion: Thunder raised at " in message
     assert "thunder/core/baseutils.py" in message.splitlines()[0] and "the kit broke" not in message
     assert "fsdp requires torch distributed to be available" in message
+
+
+def test_the_plugins_apis_default_recipe_is_refused_as_a_pair_where_thunder_has_no_nvfuser() -> None:
+    # on this CPU host Thunder has no nvFuser: the default recipe (recipe "auto") cannot run,
+    # every executors value the cell names can, handed through BaseRecipe
+    from fixtures.executors import EXECUTORS
+
+    plugins = COMPOSITIONS["plugins_fsdp"]
+    assert "nvFuser" in plugins.executors_probe(EXECUTORS["default"], CPU)
+    assert plugins.executors_probe(EXECUTORS["torch_only"], CPU) is None
+    # the refused pair keeps one stand-in, which says why; no array cell holds it, the
+    # composition runs across the array with every other executors value
+    # (the probe task asks the same of every composition that has an executors probe)
+    refused = {
+        compositions.pairing(name, e): reason
+        for name, c in COMPOSITIONS.items()
+        if c.executors_probe is not None
+        for e, choice in EXECUTORS.items()
+        if e != "nvfuser" and (reason := c.executors_probe(choice, CPU))
+    }
+    assert set(refused) == {compositions.pairing(c, "default") for c in ("plugins_fsdp", "plugins_ddp")}
+    selected = cells("ci", 2, {"nvfuser": "no CUDA", LEGACY: "refused", **refused})
+    paired = [c for c in selected if c.composition.startswith("plugins") and c.executors == "default"]
+    assert sorted(c.composition for c in paired) == ["plugins_ddp", "plugins_fsdp"]
+    assert sum(c.composition == "plugins_fsdp" for c in selected) > 3
+    cell = paired[0]
+    with pytest.raises(build.Unsupported, match="default recipe fuses with nvFuser"):
+        build.recipe(cell, CPU)
+    # where Thunder has nvFuser (a GPU host with its wheel) the default recipe runs across the array
+    every = cells("ci", 2, {})
+    assert sum(c.composition == "plugins_fsdp" and c.executors == "default" for c in every) > 1
+
+
+def test_the_plugins_recipe_hands_thunder_exactly_the_cells_executors() -> None:
+    from thunder.recipes import BaseRecipe
+
+    how = compositions.Setup(CPU, None, {}, [], {"executors": ["torchcompile"]})
+    recipe = compositions._recipe(how)
+    assert isinstance(recipe, BaseRecipe) and recipe.executor_names == ["torchcompile"]
+    assert compositions._recipe(dataclasses.replace(how, jit_options={})) == "auto"  # what a user gets
+    marker = object()
+    with_transforms = compositions._recipe(dataclasses.replace(how, jit_options={"executors": []}, transforms=[marker]))
+    assert with_transforms.executor_names == [] and with_transforms.setup_transforms()[-1] is marker

@@ -18,7 +18,7 @@ from conformance.matrix.profiles import BOUNDARY_WORLD_SIZES, cells
 from conformance.world import protocol
 from conformance.world.controller import World
 from conformance.world.launch import LaunchSpec
-from fixtures.compositions import COMPOSITIONS
+from fixtures.compositions import COMPOSITIONS, pairing
 from fixtures.executors import EXECUTORS
 from fixtures.inits import INITS
 from fixtures.models import MODELS
@@ -30,9 +30,11 @@ from tests.support.suite_runs import ROOT
 PIN_UNSUPPORTED = {
     "legacy_jit_fsdp": "thunder.distributed.fsdp(nn.Module) raises TypeError: ...",
     "nvfuser": "nvFuser generates CUDA kernels only; this world's device is cpu",
+    "plugins_fsdp with default": "thunder.compile's default recipe fuses with nvFuser ...",
+    "plugins_ddp with default": "thunder.compile's default recipe fuses with nvFuser ...",
 }
 # one reported-unsupported cell each
-STAND_INS = 2
+STAND_INS = 4
 CI = cells("ci", 2, PIN_UNSUPPORTED)
 
 
@@ -41,7 +43,10 @@ def runs(selected: list) -> list:
     return [
         c
         for c in selected
-        if c.composition not in PIN_UNSUPPORTED and c.executors not in PIN_UNSUPPORTED and not c.simulated
+        if c.composition not in PIN_UNSUPPORTED
+        and c.executors not in PIN_UNSUPPORTED
+        and pairing(c.composition, c.executors) not in PIN_UNSUPPORTED
+        and not c.simulated
     ]
 
 
@@ -168,13 +173,20 @@ def test_the_pins_probe(tmp_path) -> None:
     assert outcome.ok, outcome.describe()
     offloading = {p for p, policy in POLICIES.items() if policy is not None}
     probed_executors = {e for e, choice in EXECUTORS.items() if choice.probe is not None}
+    paired = {
+        pairing(c, e)
+        for c, composition in COMPOSITIONS.items()
+        if composition.executors_probe is not None and c not in PIN_UNSUPPORTED
+        for e in EXECUTORS
+        if e not in PIN_UNSUPPORTED
+    }
     for answer in outcome.values:
-        assert set(answer) == set(COMPOSITIONS) | offloading | probed_executors
+        assert set(answer) == set(COMPOSITIONS) | offloading | probed_executors | paired
         for name, reason in PIN_UNSUPPORTED.items():
             assert answer[name].startswith(reason.removesuffix("..."))
         # everything else runs on the pin, every offload policy included
         assert {n: r for n, r in answer.items() if n not in PIN_UNSUPPORTED} == dict.fromkeys(
-            (set(COMPOSITIONS) | offloading | probed_executors) - set(PIN_UNSUPPORTED)
+            (set(COMPOSITIONS) | offloading | probed_executors | paired) - set(PIN_UNSUPPORTED)
         )
 
 
