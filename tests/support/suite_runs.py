@@ -23,27 +23,41 @@ ROOT = Path(__file__).resolve().parents[2]
 def probed_on_this_machine() -> dict[str, str]:
     """The values the pin's probe refuses on a machine without a GPU, as the front end's
     ``unsupported`` mapping: each composition and executor whose probe, asked here about the
-    CPU, gives a reason (the legacy composition, removed from Thunder; nvFuser and
-    torch.compile, which need CUDA; DDP's compositions are offered)."""
+    CPU, gives a reason (the legacy composition, removed from Thunder; nvFuser, which needs
+    CUDA; the plugins API's default recipe, which needs nvFuser; DDP's compositions are
+    offered)."""
     import torch
 
-    from fixtures.compositions import COMPOSITIONS
+    from fixtures.compositions import COMPOSITIONS, pairing
     from fixtures.executors import EXECUTORS
 
     cpu = torch.device("cpu")
     probed = {n: v.probe for n, v in {**COMPOSITIONS, **EXECUTORS}.items() if v.probe is not None}
-    return {n: reason for n, probe in probed.items() if (reason := probe(cpu))}
+    found = {n: reason for n, probe in probed.items() if (reason := probe(cpu))}
+    # the pairs a composition refuses (the plugins API's default recipe without nvFuser), as
+    # conformance/rank/probe.py asks them: of the compositions and executors offered
+    for name, c in COMPOSITIONS.items():
+        if c.executors_probe is not None and name not in found:
+            for e_name, e in EXECUTORS.items():
+                if e_name not in found and (reason := c.executors_probe(e, cpu)):
+                    found[pairing(name, e_name)] = reason
+    return found
 
 
 def unsupported_values(report: dict[str, Any]) -> dict[str, str]:
     """Probed value -> reason, as the cells a run reported unsupported say (one value each)."""
     from conformance.matrix.axes import PROBED_AXES
     from conformance.matrix.cells import axis_value
+    from fixtures.compositions import pairing
 
     probed = probed_on_this_machine()
     out = {}
     for c in report["cells"]:
         if c["outcome"] == "unsupported":
+            pair = pairing(axis_value(c["axes"], "composition"), axis_value(c["axes"], "executors"))
+            if pair in probed:  # a refused pair's stand-in: both its values run elsewhere
+                out[pair] = c["message"]
+                continue
             for axis in PROBED_AXES:
                 value = axis_value(c["axes"], axis)
                 if value in probed or (axis == "offload" and value != "none"):

@@ -18,7 +18,7 @@ from conformance.matrix.coverage import unmet_pairs
 from conformance.matrix.profiles import BOUNDARY_WORLD_SIZES, cells
 from conformance.matrix.simulated import sampled_ranks, world_of
 from conformance.reports.outcomes import CHAOS_LOST
-from fixtures.compositions import COMPOSITIONS
+from fixtures.compositions import COMPOSITIONS, pairing
 from fixtures.offloads import POLICIES
 from tests.support.suite_runs import ROOT, SuiteRun, reused_ci_run, run_suite, unsupported_values
 
@@ -41,8 +41,14 @@ def unsupported(run: SuiteRun) -> dict[str, str]:
 def test_every_cell_conforms_or_is_a_recorded_exception(suite: SuiteRun) -> None:
     assert suite.returncode == 0, suite.output
     # the legacy composition was removed from Thunder 0.2.1 on; nvFuser needs CUDA (torch.compile
-    # runs on the CPU: its cells raise there, as the raises entries expect)
-    assert set(unsupported(suite)) == {"legacy_jit_fsdp", "nvfuser"}
+    # runs on the CPU: its cells raise there, as the raises entries expect), and so does the
+    # plugins API's default recipe
+    assert set(unsupported(suite)) == {
+        "legacy_jit_fsdp",
+        "nvfuser",
+        pairing("plugins_fsdp", "default"),
+        pairing("plugins_ddp", "default"),
+    }
     selected = cells("ci", 2, unsupported(suite))
     for area in AREAS:
         outcomes = suite.outcomes(area)
@@ -50,7 +56,8 @@ def test_every_cell_conforms_or_is_a_recorded_exception(suite: SuiteRun) -> None
         for cell in selected:
             if not applies(cell, area):
                 continue
-            if {cell.composition, cell.executors} & set(unsupported(suite)):
+            refused = {cell.composition, cell.executors, pairing(cell.composition, cell.executors)}
+            if refused & set(unsupported(suite)):
                 assert outcomes[cell.id] == "unsupported"
             else:
                 assert outcomes[cell.id] in ("passed", "xfailed"), (cell.id, area)
@@ -70,13 +77,20 @@ def test_report_covers_every_axis_value_and_pair_that_runs(suite: SuiteRun) -> N
     assert coverage["composition"]["legacy_jit_fsdp"] == 0  # its one cell is unsupported: it ran nothing
     simulated_sizes = {str(c.world_size) for c in cells("ci", 2, unsupported(suite)) if c.simulated}
     assert simulated_sizes and set(coverage["world_size"]) == {"2", *map(str, BOUNDARY_WORLD_SIZES), *simulated_sizes}
-    # the only pairs that met in no cell that ran are those of the unsupported values
+    # the only pairs that met in no cell that ran are those of the unsupported values, and the
+    # refused pairs themselves
+    refused = unsupported(suite)
     assert suite.report["unmet_pairs"]
-    assert all(set(p.values()) & set(unsupported(suite)) for p in suite.report["unmet_pairs"])
+    assert all(
+        set(p.values()) & set(refused) or pairing(p.get("composition", ""), p.get("executors", "")) in refused
+        for p in suite.report["unmet_pairs"]
+    )
     ran = [
         c
-        for c in cells("ci", 2, unsupported(suite))
-        if c.composition not in unsupported(suite) and c.executors not in unsupported(suite)
+        for c in cells("ci", 2, refused)
+        if c.composition not in refused
+        and c.executors not in refused
+        and pairing(c.composition, c.executors) not in refused
     ]
     assert suite.report["unmet_pairs"] == unmet_pairs(ran, 2, profile="ci")
     assert "composition=legacy_jit_fsdp ran in no cell" in suite.summary
