@@ -39,6 +39,18 @@ def _selection(bug: PlantedBug) -> list[str]:
     # has each kind wanted (a pairwise array need not hold every triple: root_owned's resume
     # may be DDP's alone), else nightly's
     probed = probed_on_this_machine()
+    # a cell the pin's raises entries expect to raise ends there: no planted bug can show in it
+    from importlib.metadata import version
+
+    from conformance.frontend.xfails import load
+    from tests.support.suite_runs import ROOT
+
+    pin = version("lightning-thunder")
+    raising = [e for e in load(ROOT / "xfails.toml") if e.holds_for(pin)]
+
+    def ends_raising(cell: Cell) -> bool:
+        return any(e.names(cell, "numerics", "gloo") and e.raise_templates_for(cell, "gloo") for e in raising)
+
     for profile in ("ci", "nightly"):
         running = [
             c
@@ -47,6 +59,7 @@ def _selection(bug: PlantedBug) -> list[str]:
             and c.executors not in probed
             and pairing(c.composition, c.executors) not in probed
             and COMPOSITIONS[c.composition].parallelism in bug.parallelisms
+            and not ends_raising(c)
         ]
         running.sort(key=lambda c: (litgpt := c.model.startswith("litgpt"), expected_seconds(c) if litgpt else 0.0))
         chosen = [next((c for c in running if wanted(c)), None) for wanted in bug.cells]
