@@ -81,6 +81,7 @@ TORCHCOMPILE_FSDP: Pred = lambda c: c.executors == "torchcompile" and not DDP(c)
         for area in AREAS
     },
     cells=(TORCHCOMPILE_FSDP, lambda c: c.executors == "torchcompile" and DDP(c)),
+    at_raises=True,
 )
 @contextlib.contextmanager
 def torch_compile_regions_break_their_graph() -> Iterator[None]:

@@ -27,6 +27,7 @@ TORCHCOMPILE_DDP: Pred = lambda cell: TORCHCOMPILE(cell) and DDP(cell)  # noqa: 
 @planted(
     {area: Expect(TORCHCOMPILE_FSDP, words="expects raises torch._dynamo.exc.Unsupported") for area in AREAS},
     cells=(TORCHCOMPILE_FSDP, TORCHCOMPILE_DDP),
+    at_raises=True,
 )
 @contextlib.contextmanager
 def torch_compile_region_graph_breaks_elsewhere() -> Iterator[None]:

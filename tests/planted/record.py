@@ -32,6 +32,8 @@ class PlantedBug:
     ``cells``: None runs the smoke profile; else predicates, each choosing one cell of ci's
     profile (else nightly's): the first that take the bug's path and the first that do not.
     ``at_scale``: tests/planted/test_scale.py also runs it on simulated worlds.
+    ``at_raises``: its cells may be ones a raises entry expects to raise (the bug changes that
+    raise, or fixes it); other bugs never run there, where a raise ends the cell before them.
     ``parallelisms``: whose parallelism the cells its predicates choose among run
     (``Composition.parallelism``): Thunder's own transforms for a bug in Thunder's transforms.
     """
@@ -44,6 +46,7 @@ class PlantedBug:
     at_scale: bool = False
     doc: str = ""
     parallelisms: frozenset[str] = frozenset({"thunder"})
+    at_raises: bool = False
 
 
 def planted(
@@ -52,6 +55,7 @@ def planted(
     cells: tuple[Pred, ...] | None = None,
     at_scale: bool = False,
     parallelisms: frozenset[str] = frozenset({"thunder"}),
+    at_raises: bool = False,
 ) -> Callable[[Patch], PlantedBug]:
     """Decorate a patch into its record: the name is the function's, the family its module's,
     the doc its docstring."""
@@ -66,6 +70,7 @@ def planted(
             at_scale=at_scale,
             doc=patch.__doc__ or "",
             parallelisms=parallelisms,
+            at_raises=at_raises,
         )
 
     return record
