@@ -43,6 +43,8 @@ RANK_IMPORTS = (
     "thunder.distributed.transforms.fsdp_v2",
     "thunder.distributed.transforms.ddp_v2",
     "thunder.dynamo",
+    "thunder.plugins",
+    "thunder.recipes",
     "transforms.offload",
     "litgpt",
 )

@@ -29,13 +29,14 @@ for comparison.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 import itertools
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 
 from conformance.matrix.cells import AXES, Cell
-from conformance.matrix.contract import items_of
+from conformance.matrix.contract import family, items_of
 from conformance.matrix.cost import WORLD_START_S, expected_seconds
 from conformance.matrix.features import features
 from conformance.matrix.simulated import world_of
@@ -73,6 +74,21 @@ def combinations_of(cell: Cell) -> frozenset[Hashable]:
     """The pairs and triples of axis values ``cell`` meets (a simulated world a value of its own)."""
     values = [(axis, getattr(cell, axis)) for axis in AXES] + [("simulated", cell.simulated)]
     return frozenset(itertools.chain(itertools.combinations(values, 2), itertools.combinations(values, 3)))
+
+
+def carries_of(cell: Cell) -> frozenset[Hashable]:
+    """Each feature of ``cell``'s model under its transform family and its init (what a bug in
+    a transform's handling of an init can need: a random buffer broadcast by FSDP, say)."""
+    if cell.simulated:
+        return frozenset()
+    found = features(cell.model, cell.tie, cell.world_size, cell.spec)
+    return frozenset((("carries", f), ("family", family(cell.composition)), ("init", cell.init)) for f in found)
+
+
+def _carried_once(cells: Sequence[Cell]) -> frozenset[Hashable]:
+    """What exactly one of ``cells`` carries (``carries_of``)."""
+    counts = collections.Counter(item for c in cells for item in carries_of(c))
+    return frozenset(item for item, n in counts.items() if n == 1)
 
 
 def contract_of(cell: Cell) -> frozenset[Hashable]:
@@ -130,7 +146,12 @@ def early_verdict(cells: Sequence[Cell], seconds: Seconds, failed_before: Collec
     rest = [c for c in cells if c.id not in failed_before]
     prefix = sorted(_greedy(rest, values_of, seconds), key=seconds)
     taken = [*history, *prefix]
-    contract = _greedy(_left(rest, taken), contract_of, seconds, taken[-1] if taken else None)
+    # the contract's items, and what one cell alone carries: a bug only it can show is found
+    # as early as one the prefix meets (its model's feature under a family and an init)
+    alone = _carried_once(rest)
+    contract = _greedy(
+        _left(rest, taken), lambda c: contract_of(c) | (carries_of(c) & alone), seconds, taken[-1] if taken else None
+    )
     taken += contract
     after = taken[-1] if taken else None
     tail = _greedy(_left(rest, taken), combinations_of, seconds, after) if len(rest) <= GREEDY_LIMIT else []
