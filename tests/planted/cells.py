@@ -17,6 +17,8 @@ ALL: Pred = lambda cell: True  # noqa: E731
 NONE: Pred = lambda cell: False  # noqa: E731
 TIED: Pred = lambda cell: cell.tie == "tied"  # noqa: E731
 REAL: Pred = lambda cell: not INITS[cell.init].on_meta  # noqa: E731
+# a negative cell: Thunder must refuse the model (its module init raises first)
+NEGATIVE: Pred = expects_reset_error
 # module init that is expected to succeed (a negative cell stops at its TypeError first)
 MODULE_INIT: Pred = lambda cell: cell.init == "meta_module_init" and not expects_reset_error(cell)  # noqa: E731
 
