@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from conformance.rank.gather import rank_device
-from fixtures.compositions import COMPOSITIONS, pairing
+from fixtures.compositions import COMPOSITIONS, pair_probes
 from fixtures.executors import EXECUTORS
 from fixtures.offloads import POLICIES
 from transforms import offload
@@ -47,10 +47,6 @@ def probe_compositions() -> dict[str, str | None]:
     found.update({name: offloading for name, policy in POLICIES.items() if policy is not None})
     found.update({name: ask(name, e.probe, device) for name, e in EXECUTORS.items() if e.probe is not None})
     # a composition that cannot run an offered executors value names the pair
-    for name, c in COMPOSITIONS.items():
-        if c.executors_probe is not None and found[name] is None:
-            for e_name, e in EXECUTORS.items():
-                if found.get(e_name) is None:
-                    pair = pairing(name, e_name)
-                    found[pair] = ask(pair, lambda d, c=c, e=e: c.executors_probe(e, d), device)
+    pairs = pair_probes(lambda name: found.get(name) is None)
+    found.update({pair: ask(pair, probe, device) for pair, probe in pairs.items()})
     return found

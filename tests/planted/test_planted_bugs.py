@@ -14,12 +14,12 @@ import shlex
 import pytest
 
 from conformance.matrix.cells import Cell
-from fixtures.compositions import COMPOSITIONS, pairing
+from fixtures.compositions import COMPOSITIONS
 from tests.planted.cells import NONE
 from tests.planted.record import Expect, PlantedBug
 from tests.planted.registry import BUGS, RECORDS
 from tests.support.plant_plugin import ENV
-from tests.support.suite_runs import probed_on_this_machine, run_suite
+from tests.support.suite_runs import ends_at_expected_raise, offered, probed_on_this_machine, run_suite
 
 pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 
@@ -41,27 +41,13 @@ def _selection(bug: PlantedBug) -> list[str]:
     probed = probed_on_this_machine()
     # a cell the pin's raises entries expect to raise ends there: no planted bug can show in it,
     # unless the bug is about that raise (``PlantedBug.at_raises``)
-    from importlib.metadata import version
-
-    from conformance.frontend.xfails import load
-    from tests.support.suite_runs import ROOT
-
-    pin = version("lightning-thunder")
-    raising = [e for e in load(ROOT / "xfails.toml") if e.holds_for(pin)]
-
-    def ends_raising(cell: Cell) -> bool:
-        expected = (e.names(cell, "numerics", "gloo") and e.raise_templates_for(cell, "gloo") for e in raising)
-        return not bug.at_raises and any(expected)
-
     for profile in ("ci", "nightly"):
         running = [
             c
             for c in cells(profile, 2, probed)
-            if c.composition not in probed
-            and c.executors not in probed
-            and pairing(c.composition, c.executors) not in probed
+            if offered(c, probed)
             and COMPOSITIONS[c.composition].parallelism in bug.parallelisms
-            and not ends_raising(c)
+            and (bug.at_raises or not ends_at_expected_raise(c))
         ]
         running.sort(key=lambda c: (litgpt := c.model.startswith("litgpt"), expected_seconds(c) if litgpt else 0.0))
         chosen = [next((c for c in running if wanted(c)), None) for wanted in bug.cells]

@@ -131,13 +131,8 @@ def test_the_plugins_apis_default_recipe_is_refused_as_a_pair_where_thunder_has_
     # the refused pair keeps one stand-in, which says why; no array cell holds it, the
     # composition runs across the array with every other executors value
     # (the probe task asks the same of every composition that has an executors probe)
-    refused = {
-        compositions.pairing(name, e): reason
-        for name, c in COMPOSITIONS.items()
-        if c.executors_probe is not None
-        for e, choice in EXECUTORS.items()
-        if e != "nvfuser" and (reason := c.executors_probe(choice, CPU))
-    }
+    pairs = compositions.pair_probes(lambda name: name not in ("nvfuser", LEGACY))
+    refused = {pair: reason for pair, probe in pairs.items() if (reason := probe(CPU))}
     assert set(refused) == {compositions.pairing(c, "default") for c in ("plugins_fsdp", "plugins_ddp")}
     selected = cells("ci", 2, {"nvfuser": "no CUDA", LEGACY: "refused", **refused})
     paired = [c for c in selected if c.composition.startswith("plugins") and c.executors == "default"]

@@ -24,7 +24,7 @@ from fixtures.inits import INITS
 from fixtures.models import MODELS
 from fixtures.offloads import POLICIES
 from fixtures.options import BUCKETINGS, SCENARIOS
-from tests.support.suite_runs import ROOT
+from tests.support.suite_runs import ROOT, offered
 
 # what the worlds' probe finds on the kit's pin on CPU (test_the_pins_probe below holds it to that)
 PIN_UNSUPPORTED = {
@@ -43,10 +43,7 @@ def runs(selected: list) -> list:
     return [
         c
         for c in selected
-        if c.composition not in PIN_UNSUPPORTED
-        and c.executors not in PIN_UNSUPPORTED
-        and pairing(c.composition, c.executors) not in PIN_UNSUPPORTED
-        and not c.simulated
+        if offered(c, PIN_UNSUPPORTED) and not c.simulated
     ]
 
 

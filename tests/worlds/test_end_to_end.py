@@ -20,7 +20,7 @@ from conformance.matrix.simulated import sampled_ranks, world_of
 from conformance.reports.outcomes import CHAOS_LOST
 from fixtures.compositions import COMPOSITIONS, pairing
 from fixtures.offloads import POLICIES
-from tests.support.suite_runs import ROOT, SuiteRun, reused_ci_run, run_suite, unsupported_values
+from tests.support.suite_runs import ROOT, SuiteRun, offered, reused_ci_run, run_suite, unsupported_values
 
 pytestmark = pytest.mark.slow  # starts worlds or runs the suite in a subprocess
 
@@ -85,13 +85,7 @@ def test_report_covers_every_axis_value_and_pair_that_runs(suite: SuiteRun) -> N
         set(p.values()) & set(refused) or pairing(p.get("composition", ""), p.get("executors", "")) in refused
         for p in suite.report["unmet_pairs"]
     )
-    ran = [
-        c
-        for c in cells("ci", 2, refused)
-        if c.composition not in refused
-        and c.executors not in refused
-        and pairing(c.composition, c.executors) not in refused
-    ]
+    ran = [c for c in cells("ci", 2, refused) if offered(c, refused)]
     assert suite.report["unmet_pairs"] == unmet_pairs(ran, 2, profile="ci")
     assert "composition=legacy_jit_fsdp ran in no cell" in suite.summary
 
