@@ -263,6 +263,11 @@ def _pins_entries() -> tuple[Any, ...]:
     return tuple(e for e in load(ROOT / "xfails.toml") if e.holds_for(pin))
 
 
+def pins_entries_naming(cell: Any, area: str) -> list[Any]:
+    """The xfails entries of the pin that name ``cell`` in ``area`` (on gloo)."""
+    return [e for e in _pins_entries() if e.names(cell, area, "gloo")]
+
+
 def ends_at_expected_raise(cell: Any) -> bool:
     """Whether a raises entry of the pin expects ``cell`` to raise (on gloo): it ends there."""
     return any(e.names(cell, "numerics", "gloo") and e.raise_templates_for(cell, "gloo") for e in _pins_entries())

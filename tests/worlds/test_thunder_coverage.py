@@ -5,26 +5,59 @@ then ``python -m conformance.mutants`` on that map."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from conformance.matrix.cells import Cell
+from conformance.matrix.profiles import cells
 from conformance.reports.coverage_map import CoverageMap
-from tests.support.suite_runs import ROOT, SuiteRun, run_suite
+from tests.planted import cells as planted
+from tests.support.suite_runs import (
+    ROOT,
+    SuiteRun,
+    pins_entries_naming,
+    probed_on_this_machine,
+    run_suite,
+    runs_to_the_end,
+)
 
 pytestmark = pytest.mark.slow
 
-FSDP = "mlp-real_broadcast_first-fsdp_jit-untied-none-zero2-block-float32-ws2"
-DDP = "mlp-real-jit_ddp-untied-min_bytes-zero2-layer-float32-reshape-ws2"
+
+
+@dataclasses.dataclass(frozen=True)
+class Traced:
+    """The traced run of one FSDP and one DDP cell of ci's."""
+
+    run: SuiteRun
+    fsdp: str
+    ddp: str
+
+
+def _mlp_cell(transform: Callable[[Cell], bool]) -> str:
+    """ci's first mlp cell at world size 2 of ``transform`` that trains to the end and whose
+    numerics conform on the pin (where the mutant below must show): the array changes, the
+    kinds of cell stay."""
+    probed = probed_on_this_machine()
+    for cell in cells("ci", 2, probed):
+        kind = cell.model == "mlp" and not cell.simulated and cell.world_size == 2 and transform(cell)
+        if kind and runs_to_the_end(cell, probed) and not pins_entries_naming(cell, "numerics"):
+            return cell.id
+    raise AssertionError("ci holds no such mlp cell")
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
-    return run_suite(tmp_path_factory.mktemp("traced"), "--thunder-coverage", "-k", f"{FSDP} or {DDP}")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Traced:
+    fsdp, ddp = _mlp_cell(planted.FSDP), _mlp_cell(planted.DDP)
+    run = run_suite(tmp_path_factory.mktemp("traced"), "--thunder-coverage", "-k", f"{fsdp} or {ddp}")
+    return Traced(run, fsdp, ddp)
 
 
 def first_body_line(rel: str, cls: str, method: str) -> int:
@@ -42,7 +75,8 @@ def first_body_line(rel: str, cls: str, method: str) -> int:
     raise AssertionError(f"{cls}.{method} is not in {rel}")
 
 
-def test_each_cell_names_the_lines_of_its_own_transform(run: SuiteRun) -> None:
+def test_each_cell_names_the_lines_of_its_own_transform(traced: Traced) -> None:
+    run, FSDP, DDP = traced.run, traced.fsdp, traced.ddp
     assert run.returncode == 0, run.output
     cmap = CoverageMap.load(run.report_dir)
     assert set(cmap.cells) == {FSDP, DDP}
@@ -62,10 +96,11 @@ def test_each_cell_names_the_lines_of_its_own_transform(run: SuiteRun) -> None:
     assert set(cmap.cells_running(probe_file, probe_lines[:1])) == {FSDP, DDP}
 
 
-def test_the_report_names_unrun_lines_and_links_coverages_html(run: SuiteRun) -> None:
-    traced = run.report["thunder_coverage"]
-    assert traced["cells"] == 2
-    files = traced["files"]
+def test_the_report_names_unrun_lines_and_links_coverages_html(traced: Traced) -> None:
+    run = traced.run
+    summary = run.report["thunder_coverage"]
+    assert summary["cells"] == 2
+    files = summary["files"]
     # the legacy FSDP transform (transforms/fsdp.py) is not what either composition runs
     legacy = files["thunder/distributed/transforms/fsdp.py"]
     assert legacy["ran"] == 0 and legacy["runnable"] > 100
@@ -73,20 +108,20 @@ def test_the_report_names_unrun_lines_and_links_coverages_html(run: SuiteRun) ->
         "thunder/distributed/transforms/fsdp_v2.py"
     ]["runnable"]
     assert "Thunder lines run" in run.summary
-    html = run.report_dir / traced["html"]
+    html = run.report_dir / summary["html"]
     pages = "".join(p.read_text() for p in html.parent.glob("*fsdp_v2_py.html"))
-    assert FSDP in pages  # coverage's own page lists the contexts (the cells) of each line
+    assert traced.fsdp in pages  # coverage's own page lists the contexts (the cells) of each line
     assert not any((run.report_dir / "thunder-coverage-data").glob("*")), "the ranks' data files are combined away"
 
 
-def test_a_mutant_runs_on_the_cells_of_its_line_and_a_check_finds_it(run: SuiteRun, tmp_path: Path) -> None:
+def test_a_mutant_runs_on_the_cells_of_its_line_and_a_check_finds_it(traced: Traced, tmp_path: Path) -> None:
     """Gradients multiplied by the world size instead of divided before their reduction
     (FSDP's and DDP's backward rule): Thunder runs on, numerics finds it on the cheaper cell."""
     installed = Path(importlib.util.find_spec("thunder").origin).parent  # type: ignore[union-attr]
     before = (installed / "distributed" / "prims.py").read_bytes()
     args = [
         "--map",
-        str(run.report_dir),
+        str(traced.run.report_dir),
         "--out",
         str(tmp_path / "mutants"),
         "--files",
@@ -103,7 +138,7 @@ def test_a_mutant_runs_on_the_cells_of_its_line_and_a_check_finds_it(run: SuiteR
     [mutant] = data["mutants"]
     assert "grad * group.size()" in mutant["diff"]
     assert mutant["outcome"] == "killed: silently wrong", mutant
-    assert "numerics" in mutant["areas"] and mutant["cell"] in (FSDP, DDP) and mutant["cells_run"] == 1
+    assert "numerics" in mutant["areas"] and mutant["cell"] in (traced.fsdp, traced.ddp) and mutant["cells_run"] == 1
     assert data["score"]["silent_score"] == 1.0
     assert (installed / "distributed" / "prims.py").read_bytes() == before
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
