@@ -33,11 +33,11 @@ def _selection(bug: PlantedBug) -> list[str]:
     from conformance.matrix.cost import expected_seconds
     from conformance.matrix.profiles import cells
 
-    # on the pin, the probed compositions and executors are the unsupported ones; small models
-    # first, in the profile's order (the cells each record's thresholds were shown on), and of
-    # litgpt's the cheapest (by tracing and the scenario's compilations); ci's cells where it
-    # has each kind wanted (a pairwise array need not hold every triple: root_owned's resume
-    # may be DDP's alone), else nightly's
+    # on the pin, the probed compositions and executors are the unsupported ones; of each kind
+    # wanted the cheapest cell (by its model's tracing and its scenario's compilations: the
+    # records are most of the kit's slow tests' time, and a planted bug shows on any cell of its
+    # kind); ci's cells where it has each kind wanted (a pairwise array need not hold every
+    # triple: root_owned's resume may be DDP's alone), else nightly's
     probed = probed_on_this_machine()
     # a cell the pin's raises entries expect to raise ends there: no planted bug can show in it,
     # unless the bug is about that raise (``PlantedBug.at_raises``)
@@ -49,7 +49,7 @@ def _selection(bug: PlantedBug) -> list[str]:
             and COMPOSITIONS[c.composition].parallelism in bug.parallelisms
             and (bug.at_raises or not ends_at_expected_raise(c))
         ]
-        running.sort(key=lambda c: (litgpt := c.model.startswith("litgpt"), expected_seconds(c) if litgpt else 0.0))
+        running.sort(key=expected_seconds)
         chosen = [next((c for c in running if wanted(c)), None) for wanted in bug.cells]
         if all(chosen):
             return ["--profile", profile, "-k", " or ".join(c.id for c in chosen)]
