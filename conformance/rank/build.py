@@ -98,6 +98,8 @@ class EagerModel:
     initial: dict[str, torch.Tensor]  # CPU copies of its parameters as built
     setup_peak: int  # bytes eager PyTorch allocated at its peak while constructing it
     replicated: bool = False  # the Thunder module holds whole parameters on every rank (DDP)
+    # PyTorch's parallelism: a parameter or gradient may be a DTensor (FSDP2's)
+    dtensors: bool = False
     # meta init: each module initialized on its own as Thunder materializes it
     module_inits: list[ModuleInit] = dataclasses.field(default_factory=list)
 
@@ -106,7 +108,9 @@ class EagerModel:
         expected in the dtype of eager's."""
         dtypes = {n: p.dtype for n, p in self.module.named_parameters()}
         with progress.phase("gathering gradients" if grads else "gathering parameters"):
-            return gather(tm, self.shapes, grads=grads, replicated=self.replicated, dtypes=dtypes)
+            return gather(
+                tm, self.shapes, grads=grads, replicated=self.replicated, dtypes=dtypes, dtensors=self.dtensors
+            )
 
     def kit_pointers(self) -> set[int]:
         """Storages the kit holds for the eager model: not the Thunder module's to account for."""
@@ -131,6 +135,7 @@ def build_eager_model(recipe: Recipe) -> EagerModel:
         initial=snapshot(module),
         setup_peak=construction.peak,
         replicated=recipe.composition.replicated,
+        dtensors=recipe.composition.parallelism == "torch",
         module_inits=eager_module_inits(recipe, recipe.device) if recipe.init.on_meta else [],
     )
 

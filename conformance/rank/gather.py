@@ -73,13 +73,18 @@ def gather(
     grads: bool = False,
     replicated: bool = False,
     dtypes: dict[str, torch.dtype] | None = None,
+    dtensors: bool = False,
 ) -> Gathered:
     """Full parameters (or their gradients) of the Thunder module, by name. A gradient that
     no rank has (a frozen parameter's) is left out, as eager leaves it None; one that only
     some ranks have is gathered with NaN on the others, so the ranks issue the same
     collectives either way (one all-reduce first says which). ``replicated`` (DDP): every
     rank holds whole tensors, so this rank's are taken as they are. ``dtypes``: what each
-    should be (the parameter's own dtype where not given).
+    should be (the parameter's own dtype where not given). ``dtensors`` (PyTorch's
+    parallelism): a tensor may be a DTensor, gathered by DTensor's own collective; the ranks
+    first agree which are (one all-reduce), and one that is a DTensor on some ranks only is
+    gathered as NaN on every rank without a collective, a defect naming it (else the ranks
+    would issue different collectives and wait out the cell's timeout).
 
     Never crashes on what Thunder left: a tensor of the wrong shape, dtype or device, or on
     the meta device, is gathered as NaN of what this rank should hold (so that the ranks
@@ -95,18 +100,21 @@ def gather(
     out: dict[str, torch.Tensor] = {}
     defects: dict[str, str] = {}
     world = dist.get_world_size()
+    held = {name: _held(params[name], grads) for name in shapes if name in present}
+    mixed = _dtensors_on_some_ranks(held, device) if dtensors else {}
     for name, shape in shapes.items():
         if name not in present:
             continue
-        p = params[name]
-        t = None if p is None else p.grad if grads else p
-        whole = replicated or isinstance(t, DTensor)
-        if isinstance(t, DTensor):  # FSDP2's: its own layout, gathered by DTensor (every rank holds one)
+        p, t = params[name], held[name]
+        whole = replicated or name in mixed or isinstance(t, DTensor)
+        if name in mixed:  # no collective for it on any rank: NaN of the whole tensor everywhere
+            t = None
+        elif isinstance(t, DTensor):  # FSDP2's: its own layout, gathered by DTensor (every rank holds one)
             t = t.full_tensor()
         local = tuple(shape) if whole else _local_shape(shape, world, replicated)
         dtype = (dtypes or {}).get(name, torch.float32 if p is None else p.dtype)
         absent = "missing from the Thunder module" if p is None else "no gradient"
-        wrong = absent if t is None else _defect(t, local, dtype, device)
+        wrong = mixed.get(name) or (absent if t is None else _defect(t, local, dtype, device))
         if wrong is None:
             try:  # before any collective: a rank that cannot read its part still sends NaN
                 t = t.detach().contiguous()
@@ -117,6 +125,27 @@ def gather(
             t = torch.full(local, float("nan"), dtype=dtype, device=device)
         out[name] = t.detach().cpu().clone() if whole else unshard(t, shape)
     return Gathered(out, _merged_over_ranks(defects, device))
+
+
+def _held(p: Any, grads: bool) -> Any:
+    """The parameter, or its gradient, that this rank holds (None where it holds none)."""
+    return None if p is None else p.grad if grads else p
+
+
+def _dtensors_on_some_ranks(held: dict[str, Any], device: torch.device) -> dict[str, str]:
+    """Name -> what this rank holds, for each tensor that is a DTensor on some ranks but not on
+    every one (one all-reduce of a flag per name: every rank learns the same names)."""
+    if not held:
+        return {}
+    flags = torch.tensor([isinstance(t, DTensor) for t in held.values()], dtype=torch.int32, device=device)
+    dist.all_reduce(flags)
+    world = dist.get_world_size()
+    mixed = {}
+    for (name, t), n in zip(held.items(), flags.tolist(), strict=True):
+        if 0 < n < world:
+            here = "a DTensor" if isinstance(t, DTensor) else "no tensor" if t is None else "a plain tensor"
+            mixed[name] = f"{here}, where {n} of {world} ranks hold a DTensor"
+    return mixed
 
 
 def _parameter(tm: Any, name: str) -> Any:

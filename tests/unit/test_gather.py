@@ -94,3 +94,45 @@ def test_a_tensor_left_on_meta_copies_as_values_no_comparison_takes_for_eagers()
     assert copies["running_mean"].device.type == "cpu" and copies["running_mean"].isnan().all()
     assert copies["num_batches_tracked"].item() == torch.iinfo(torch.long).min
     assert copies["mask"].shape == (2,) and copies["mask"].dtype == torch.bool
+
+
+def _gather_dtensors(rank: int, store: str, out: str, on_both: bool) -> None:
+    """One rank of a world of two: ``weight`` a DTensor on rank 0 and, unless ``on_both``, a
+    plain tensor of the same rows on rank 1; the gathered result written to ``out``."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        rows = torch.full((2, 3), float(rank))  # rank r holds rows 2r and 2r+1 of a (4, 3) weight
+        module = nn.Module()
+        held = DTensor.from_local(rows, mesh, [Shard(0)], run_check=False) if rank == 0 or on_both else rows
+        module.weight = nn.Parameter(held)
+        got = gather(module, {"weight": torch.Size([4, 3])}, dtensors=True)
+        torch.save({"weight": got["weight"], "defects": got.defects}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("on_both", [True, False], ids=["every-rank", "one-rank"])
+def test_a_dtensor_on_some_ranks_only_is_a_defect_not_a_hang(tmp_path, on_both: bool) -> None:
+    """FSDP2's DTensors are gathered by DTensor's own collective, the kit's shards by the kit's:
+    where Thunder left a DTensor on one rank only, the ranks agree to gather it as NaN, naming
+    what each held, instead of issuing different collectives until the cell's timeout."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "gathered"
+    mp.spawn(_gather_dtensors, args=(str(tmp_path / "store"), str(out), on_both), nprocs=2, join=True)
+    results = [torch.load(f"{out}.{r}") for r in range(2)]
+    for got in results:
+        if on_both:
+            assert torch.equal(got["weight"], torch.tensor([[0.0] * 3] * 2 + [[1.0] * 3] * 2))
+            assert got["defects"] == {}
+        else:
+            assert got["weight"].shape == (4, 3) and got["weight"].isnan().all()
+            assert got["defects"] == {
+                "weight": "rank 0: a DTensor, where 1 of 2 ranks hold a DTensor; "
+                "rank 1: a plain tensor, where 1 of 2 ranks hold a DTensor"
+            }
