@@ -93,7 +93,7 @@ def gather(
     present = set(shapes)
     device = rank_device()
     if grads:
-        have = [p is not None and p.grad is not None for p in params.values()]
+        have = [_held(p, grads) is not None for p in params.values()]
         have = torch.tensor(have, dtype=torch.int32, device=device)
         dist.all_reduce(have)
         present = {name for name, n in zip(params, have.tolist(), strict=True) if n}

@@ -29,7 +29,7 @@ def probed_on_this_machine() -> dict[str, str]:
     offered)."""
     import torch
 
-    from fixtures.compositions import COMPOSITIONS, pairing
+    from fixtures.compositions import COMPOSITIONS, pair_probes
     from fixtures.executors import EXECUTORS
 
     cpu = torch.device("cpu")
@@ -37,11 +37,8 @@ def probed_on_this_machine() -> dict[str, str]:
     found = {n: reason for n, probe in probed.items() if (reason := probe(cpu))}
     # the pairs a composition refuses (the plugins API's default recipe without nvFuser), as
     # conformance/rank/probe.py asks them: of the compositions and executors offered
-    for name, c in COMPOSITIONS.items():
-        if c.executors_probe is not None and name not in found:
-            for e_name, e in EXECUTORS.items():
-                if e_name not in found and (reason := c.executors_probe(e, cpu)):
-                    found[pairing(name, e_name)] = reason
+    pairs = pair_probes(lambda name: name not in found)
+    found.update({pair: reason for pair, probe in pairs.items() if (reason := probe(cpu))})
     return found
 
 
@@ -244,7 +241,6 @@ def run_refused(tmp: Path, *args: str, env: dict[str, str] | None = None) -> str
     return lines[0]
 
 
-
 def offered(cell: Any, probed: Collection[str]) -> bool:
     """Whether no value of ``cell``, nor its pair of a composition and executors, is probed."""
     from fixtures.compositions import pairing
@@ -270,7 +266,7 @@ def pins_entries_naming(cell: Any, area: str) -> list[Any]:
 
 def ends_at_expected_raise(cell: Any) -> bool:
     """Whether a raises entry of the pin expects ``cell`` to raise (on gloo): it ends there."""
-    return any(e.names(cell, "numerics", "gloo") and e.raise_templates_for(cell, "gloo") for e in _pins_entries())
+    return any(e.raise_templates_for(cell, "gloo") for e in pins_entries_naming(cell, "numerics"))
 
 
 def runs_to_the_end(cell: Any, probed: Collection[str]) -> bool:

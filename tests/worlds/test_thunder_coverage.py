@@ -31,7 +31,6 @@ from tests.support.suite_runs import (
 pytestmark = pytest.mark.slow
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Traced:
     """The traced run of one FSDP and one DDP cell of ci's."""
