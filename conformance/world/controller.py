@@ -280,8 +280,15 @@ class World:
         stacks = procs.collect_stacks(self._dir, here)
         for rank in pending:
             halted = rank in self._pids and procs.stopped(self._pids[rank])
-            said = f"{why}: the rank process was stopped (SIGSTOP), not running" if halted else why
-            results[rank] = protocol.RankResult(rank, status, error=said, stacks=stacks.get(rank), stopped=halted)
+            # a rank found stopped when a peer's failure or death ended the task was not waiting
+            # on it: it is stopped (the cell timeout's own account keeps TIMEOUT)
+            found = protocol.STOPPED if halted and status == protocol.ABORTED else status
+            said = why
+            if found == protocol.STOPPED:
+                said = "the rank process was found stopped (SIGSTOP) when a peer's failure or death ended the task"
+            elif halted:
+                said = f"{why}: the rank process was stopped (SIGSTOP), not running"
+            results[rank] = protocol.RankResult(rank, found, error=said, stacks=stacks.get(rank), stopped=halted)
         # read while the world lives: another node's rank said its phase in the world's store,
         # and which ranks are another node's is forgotten with the world
         for r in results.values():

@@ -8,11 +8,13 @@ import dataclasses
 from conformance.world import protocol
 
 # Who caused a failure and who merely suffered it: a death explains a peer's "connection
-# closed by peer", never the other way round.
-# a dead or stopped rank explains a peer's raise (a collective whose other end went away)
+# closed by peer", never the other way round; a dead or stopped rank explains a peer's raise (a
+# collective whose other end went away). A stop comes first: it is sent from outside the world,
+# so nothing a peer did explains it, and it explains a peer's death (a collective watchdog
+# aborting the process whose peer never joined).
 _BLAME_ORDER = {
-    protocol.DIED: 0,
-    protocol.STOPPED: 1,
+    protocol.STOPPED: 0,
+    protocol.DIED: 1,
     protocol.FAILED: 2,
     protocol.TIMEOUT: 3,
     protocol.ABORTED: 4,

@@ -92,8 +92,8 @@ PASSED = "passed"
 FAILED = "failed"  # the task raised on this rank
 TIMEOUT = "timeout"  # the cell's deadline passed while this rank was still running it
 DIED = "died"  # the rank process exited (signal, os._exit, segfault) mid-task
-# the rank process was found stopped (SIGSTOP, a suspended job) and stayed so for STOP_GRACE_S:
-# it cannot answer until someone continues it
+# the rank process was found stopped (SIGSTOP, a suspended job) and stayed so for STOP_GRACE_S,
+# or was found so when a peer's failure or death ended the task: it cannot answer until continued
 STOPPED = "stopped"
 ABORTED = "aborted"  # a peer failed or died; this rank was stopped while waiting on it
 

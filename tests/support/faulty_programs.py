@@ -44,6 +44,17 @@ def sigstop_on(rank: int) -> float:
     return _all_reduce()
 
 
+def sigstop_then_peer_dies(rank: int) -> float:
+    """``rank`` stops itself; a peer waiting on it dies a second later, before the controller
+    gives the stop up (as a collective watchdog aborts a process whose peer never joined)."""
+    if dist.get_rank() == rank:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    else:
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGABRT)
+    return _all_reduce()
+
+
 def sigkill_on(rank: int) -> float:
     if dist.get_rank() == rank:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -137,6 +137,11 @@ def test_a_rank_lost_is_why_its_peer_raised_never_the_kit() -> None:
             protocol.RankResult(0, protocol.TIMEOUT, error="no result", phase="training / step 0 (SGD) / backward"),
             protocol.RankResult(1, protocol.TIMEOUT, error="no result: stopped", phase="scenario train", stopped=True),
         ],
+        # a peer that died while waiting on a stopped rank (a watchdog's abort): the stop is why
+        "stopped": [
+            protocol.RankResult(0, protocol.DIED, error="killed by signal SIGABRT", phase="training / step 1 (SGD)"),
+            protocol.RankResult(1, protocol.STOPPED, error="stopped", phase="state dict round trip", stopped=True),
+        ],
     }
     for status, results in lost.items():
         runner = make_runner(StandInWorld(2, None))

@@ -44,6 +44,8 @@ FAULTS = [
     ("hang_on", {"rank": 0}, 0, protocol.TIMEOUT, "cell timeout", protocol.PASSED),
     ("sigkill_on", {"rank": 1}, 1, protocol.DIED, "signal SIGKILL", None),
     ("sigstop_on", {"rank": 1}, 1, protocol.STOPPED, "stopped (SIGSTOP)", protocol.ABORTED),
+    # the peer's death comes within the stop's grace: the stop is still why, and says so
+    ("sigstop_then_peer_dies", {"rank": 1}, 1, protocol.STOPPED, "stopped (SIGSTOP)", protocol.DIED),
     ("exit_on", {"rank": 0, "code": 3}, 0, protocol.DIED, "exited with code 3", None),
     ("segfault_on", {"rank": 1}, 1, protocol.DIED, "signal SIGSEGV", None),
     ("unserializable", {}, 0, protocol.FAILED, "not JSON serializable", protocol.FAILED),
