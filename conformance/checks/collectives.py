@@ -1,5 +1,8 @@
 """Collectives: what Thunder put into its final forward and backward execution traces,
-counted through bound symbols, against what the model's structure implies.
+counted through bound symbols, against what the model's structure implies. Under PyTorch's
+parallelism, where FSDP2 owns the collectives, what each step issued at the process group,
+against FSDP2's arithmetic (checks/fsdp2.py); DDP's cells there are not judged (its reducer
+all-reduces beneath the Python API the count sees).
 
 Expectations come from the eager model: one all-gather per bucket in the forward,
 one reduce-scatter per bucket of trainable storages in the backward, a re-gather of every
@@ -26,6 +29,7 @@ from typing import Any
 
 import torch
 
+from conformance.checks import fsdp2
 from conformance.checks.area import Across, Area
 from conformance.checks.buckets import buckets, ddp_buckets
 from conformance.checks.findings import Failure, Findings
@@ -33,6 +37,7 @@ from conformance.checks.record import CellRecord, SimulatedRecord
 from conformance.checks.reductions import REDUCING, bytes_derived, judge_backward
 from conformance.checks.storages import distinct_storages, padded_bytes
 from conformance.checks.traces import KINDS, MISSING, collective_symbols, issued
+from conformance.matrix.cells import Cell
 from fixtures.compositions import COMPOSITIONS
 from transforms.policies import proxy_bytes
 
@@ -109,6 +114,8 @@ def _described(bsym: Any) -> str:
 
 
 def check(run: CellRecord | SimulatedRecord) -> Findings:
+    if COMPOSITIONS[run.cell.composition].parallelism == "torch":
+        return check_process_group(run)
     found = Findings()
     cell = run.cell
     traces = run.traces.by_phase()
@@ -164,6 +171,44 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
             # whose count must be 0 and says so); every reduction's dtype wherever one is issued
             must_reduce = counts[kind] == expected["backward"][kind]
             judge_backward(found, label, record.traces.backward, run.eager_model, world, replicated, bytes_=must_reduce)
+    return found
+
+
+def check_process_group(run: CellRecord) -> Findings:
+    """Under FSDP2 (PyTorch's parallelism): what each training step issued at the process group
+    (conformance/rank/process_group.py), against FSDP2's arithmetic from the model and the world size
+    (checks/fsdp2.py). Steps that issued alike are judged once, as ``forward``; steps that
+    differ, each under its own label."""
+    found = Findings()
+    cell = run.cell
+    in_order = [f"{i.phase} {i.kind} {i.dtype} {i.nbytes} B" for s in run.steps for i in s.issued or ()]
+    found.metrics[SEQUENCE] = in_order
+    found.metrics[f"{SEQUENCE} digest"] = hashlib.sha1("\n".join(in_order).encode()).hexdigest()[:16]
+    want = fsdp2.expected(run.eager_model, cell.sharding, cell.world_size)
+    for phase in fsdp2.PHASES:
+        tallies: dict[tuple, list[int]] = {}
+        for k, step in enumerate(run.steps):
+            tally = {kind: fsdp2.Expected() for kind in fsdp2.KINDS}
+            for i in step.issued or ():
+                if i.phase == phase:
+                    had = tally.get(i.kind, fsdp2.Expected())
+                    tally[i.kind] = fsdp2.Expected(had.count + 1, had.nbytes + i.nbytes)
+            tallies.setdefault(tuple(sorted(tally.items())), []).append(k)
+        for tally, steps in tallies.items():
+            label = phase if len(tallies) == 1 else f"{phase} of steps {', '.join(map(str, steps))}"
+            for kind, got in tally:
+                wanted = want[phase].get(kind, fsdp2.Expected())
+                _count(found, label, kind, got.count, wanted.count, None)
+                if wanted.count and got.count:  # a missing or stray collective: its count says so
+                    found.equal(
+                        "collectives.bytes",
+                        f"{label} {kind} bytes",
+                        got.nbytes,
+                        wanted.nbytes,
+                        bytes_derived(wanted.nbytes, cell.world_size),
+                        phase=label,
+                        kind=kind,
+                    )
     return found
 
 
@@ -322,9 +367,18 @@ def sequences_differ(ranks: list[int], findings: list[Findings]) -> list[Across]
     return out
 
 
+def _judged(cell: Cell) -> bool:
+    """Every cell of Thunder's own transforms; under PyTorch's parallelism FSDP2's only: DDP's
+    reducer all-reduces from C++, where the process-group count cannot see it."""
+    composition = COMPOSITIONS[cell.composition]
+    return composition.parallelism == "thunder" or not composition.replicated
+
+
 AREA = Area(
     "collectives",
     check,
+    applies=_judged,
+    parallelisms=frozenset({"thunder", "torch"}),
     simulated=check,
     across_ranks=sequences_differ,
     per_rank_omits=frozenset({SEQUENCE}),

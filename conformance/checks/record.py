@@ -95,6 +95,16 @@ class TrainedStep(ReferenceStep):
     buffers: Tensors = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True)
+class Issued:
+    """One collective a rank issued at the process group (conformance/rank/process_group.py)."""
+
+    phase: str  # forward, backward or optimizer step
+    kind: str  # all_gather, reduce_scatter, all_reduce, broadcast or all_to_all
+    dtype: str
+    nbytes: int  # the whole buffer: all-gathered into, reduce-scattered from, all-reduced
+
+
 @dataclasses.dataclass
 class StepRecord:
     """One training step: this rank's output, the full gradients, the parameters after it, and
@@ -122,6 +132,10 @@ class StepRecord:
     # the backward trace Thunder ran for this step (``thunder.last_backward_traces``): the
     # collectives area judges what every step's backward reduced, not only the last's
     backward_trace: Any = None
+    # under PyTorch's parallelism, the collectives issued at the process group while the Thunder
+    # module's forward, backward and optimizer step ran, in order (None: not counted, Thunder's
+    # own transforms, whose collectives are their traces')
+    issued: list[Issued] | None = None
 
 
 @dataclasses.dataclass

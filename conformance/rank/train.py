@@ -20,7 +20,15 @@ import torch
 from torch import nn
 
 from conformance.checks.findings import ThunderReturnedWrong
-from conformance.checks.record import MEASURED_STEP, LossRegion, ParametersAfter, Replicas, SavedTensor, StepRecord
+from conformance.checks.record import (
+    MEASURED_STEP,
+    Issued,
+    LossRegion,
+    ParametersAfter,
+    Replicas,
+    SavedTensor,
+    StepRecord,
+)
 from conformance.checks.storages import distinct_storages
 from conformance.checks.traces import final_traces
 from conformance.rank import progress
@@ -30,6 +38,7 @@ from conformance.rank.dropout import drawn_masks, replayed
 from conformance.rank.eager import loss, loss_region, unweighable
 from conformance.rank.gather import apart_from_rank0, cpu_copies, snapshot
 from conformance.rank.measure import Ledger, measure, unmeasurable
+from conformance.rank.process_group import counting
 from conformance.rank.references import Eager, Float64AtThunder, LocalAtThunder, Twin, TwinAtThunder
 from fixtures import patterns
 from fixtures.optimizers import OPTIMIZERS
@@ -108,7 +117,8 @@ class _Lockstep:
         measured = step == MEASURED_STEP
         inputs = [self.recipe.fixture.make_input(generator(step, r), dtype).to(device) for r in range(self.world)]
         held_before = ledger.read()
-        with ledger.phase(settle=measured) as forward, thunder_call("forward"):
+        calls: list[Issued] | None = [] if self.recipe.composition.parallelism == "torch" else None
+        with ledger.phase(settle=measured) as forward, thunder_call("forward"), counting(calls, "forward"):
             out = tm(inputs[rank])
         masks = None
         if self.replays:  # the eager models apply the masks the ranks' Thunder modules drew
@@ -130,7 +140,7 @@ class _Lockstep:
         output = out.detach().clone().cpu()
         if measured:
             training.loss = loss_region(out, cotangents[rank], device)
-        with ledger.phase() as backward, thunder_call("backward"):
+        with ledger.phase() as backward, thunder_call("backward"), counting(calls, "backward"):
             rank_loss = loss(out, cotangents[rank])
             rank_loss.backward()
             del out, rank_loss  # the kit's last references to the forward's result
@@ -156,7 +166,7 @@ class _Lockstep:
         twin_grads = None if twin is None else twin.gradients()
         thunder_opt = optimizers[0]
         held_before_step = ledger.read()
-        with ledger.phase() as optimizer_step, thunder_call("optimizer step"):
+        with ledger.phase() as optimizer_step, thunder_call("optimizer step"), counting(calls, "optimizer step"):
             thunder_opt.step()
         with measure(device) as twin_step:
             optimizers[-1].step()
@@ -197,6 +207,7 @@ class _Lockstep:
                 replicas=replicas,
                 backward_trace=backward_trace,
                 dropout_masks=masks,
+                issued=calls,
             )
         )
         if measured:

@@ -1,0 +1,48 @@
+"""Bugs planted in ThunderFX, caught by the collectives area at the process group: under FSDP2
+every collective is FSDP2's own, so one that Thunder's compiled code issues is one too many."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.planted.cells import Pred
+from tests.planted.compiled import JITTED, THUNDERFX
+from tests.planted.record import Expect, planted
+
+OVER_FSDP2: Pred = lambda cell: cell.composition == "thunderfx_fsdp2"  # noqa: E731
+# under DDP the collectives area does not judge (its reducer all-reduces beneath the count)
+OVER_DDP: Pred = lambda cell: THUNDERFX(cell) and not OVER_FSDP2(cell)  # noqa: E731
+
+
+# the smallest stray collective there is: one all-reduce of one float per compiled graph's call
+@planted(
+    {"collectives": Expect(OVER_FSDP2, words="forward all_reduces: expected 0, got")},
+    cells=(OVER_FSDP2, OVER_DDP, JITTED),
+    parallelisms=frozenset({"torch"}),
+)
+@contextlib.contextmanager
+def thunderfx_syncs_every_call() -> Iterator[None]:
+    """Every graph ThunderFX compiles first all-reduces a one-element tensor of zeros on each
+    call (a consistency check between ranks, left in): the model trains exactly as eager does,
+    and each forward issues one collective more than FSDP2's own."""
+    import torch
+    from thunder.dynamo import compiler
+
+    original = compiler._splitter
+
+    def _splitter(gm: Any, *args: Any, **kwargs: Any) -> Any:
+        split, info = original(gm, *args, **kwargs)
+
+        def synced(*inputs: Any) -> Any:
+            torch.distributed.all_reduce(torch.zeros(1))
+            return split(*inputs)
+
+        return synced, info
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(compiler, "_splitter", _splitter)
+        yield

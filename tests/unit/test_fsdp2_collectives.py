@@ -1,0 +1,78 @@
+"""FSDP2's arithmetic (conformance/checks/fsdp2.py) against FSDP2 itself: eager PyTorch, no
+Thunder, sharded as the kit's compositions shard it, counted at the process group as the ranks
+count (conformance/rank/process_group.py). Units, padding at a world size that divides no
+first dimension, a tied weight, frozen parameters, ZERO2 and ZERO3: each phase's count and
+bytes of every kind equal the derived ones."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+from conformance.checks import fsdp2
+from conformance.checks.record import Issued
+from fixtures.models import fixture_for
+
+# world size -> the cases one world runs in turn: (model, tied, sharding)
+pytestmark = pytest.mark.slow  # spawns worlds of 3 and 2 ranks
+
+CASES = {
+    # blocks and the root, the tied embedding the root's; the root alone (3 divides no first dimension)
+    3: [("litgpt_llama", True, "zero3"), ("tied_lm", True, "zero3")],
+    # frozen parameters: gathered, never reduced
+    2: [("litgpt_llama", False, "zero2"), ("lora", False, "zero2")],
+}
+
+
+def _model(name: str, tied: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return fixture_for(name).build(tied)
+
+
+def _train_one_step(rank: int, world: int, store: str, out: str) -> None:
+    """Each case of the world: one step of eager FSDP2, every collective counted."""
+    import torch.distributed as dist
+
+    from conformance.rank.process_group import counting
+    from fixtures.torch_parallel import _fully_shard
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        issued = []
+        for name, tied, sharding in CASES[world]:
+            model = _fully_shard(_model(name, tied), torch.device("cpu"), sharding == "zero3")
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            x = fixture_for(name).make_input(torch.Generator().manual_seed(rank), torch.float32)
+            calls: list[Issued] = []
+            with counting(calls, "forward"):
+                y = model(x)
+            with counting(calls, "backward"):
+                y.float().sum().backward()
+            with counting(calls, "optimizer step"):
+                optimizer.step()
+            issued.append(calls)
+        torch.save(issued, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", sorted(CASES), ids=lambda w: f"ws{w}")
+def test_derived_counts_and_bytes_are_what_fsdp2_issues(tmp_path, world: int) -> None:
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "issued"
+    mp.spawn(_train_one_step, args=(world, str(tmp_path / "store"), str(out)), nprocs=world, join=True)
+    for rank in range(world):
+        issued = torch.load(f"{out}.{rank}", weights_only=False)
+        for (name, tied, sharding), calls in zip(CASES[world], issued, strict=True):
+            got: dict[tuple[str, str], fsdp2.Expected] = collections.defaultdict(fsdp2.Expected)
+            for c in calls:
+                had = got[c.phase, c.kind]
+                got[c.phase, c.kind] = fsdp2.Expected(had.count + 1, had.nbytes + c.nbytes)
+            want = fsdp2.expected(_model(name, tied), sharding, world)
+            derived = {(p, k): e for p, kinds in want.items() for k, e in kinds.items() if e.count}
+            assert dict(got) == derived, f"{name} {sharding}, rank {rank}"
+            # the model is what the cases say: two blocks and the root, or the root alone
+            assert want["forward"]["all_gather"].count == (3 if name == "litgpt_llama" else 1)
