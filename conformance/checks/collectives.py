@@ -177,8 +177,8 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
 def check_process_group(run: CellRecord) -> Findings:
     """Under FSDP2 (PyTorch's parallelism): what each training step issued at the process group
     (conformance/rank/process_group.py), against FSDP2's arithmetic from the model and the world size
-    (checks/fsdp2.py). Steps that issued alike are judged once, as ``forward``; steps that
-    differ, each under its own label."""
+    (checks/fsdp2.py). Per phase, the steps that issued alike are judged once (``forward``),
+    and where some differ each group under its own label (``forward of steps 0, 1``)."""
     found = Findings()
     cell = run.cell
     in_order = [f"{i.phase} {i.kind} {i.dtype} {i.nbytes} B" for s in run.steps for i in s.issued or ()]
