@@ -138,11 +138,19 @@ class StepRecord:
     issued: list[Issued] | None = None
 
 
+# the calls a cell takes and loads a full state dict with: Thunder's own, or under PyTorch's
+# parallelism torch.distributed.checkpoint's (full_state_dict=True)
+THUNDER_API = ("original_state_dict", "load_original_state_dict")
+DCP_API = ("get_model_state_dict", "set_model_state_dict")
+
+
 @dataclasses.dataclass
 class StateDictRecord:
-    """``original_state_dict()`` after training, then a ``load_original_state_dict()`` round trip."""
+    """A full state dict taken after training (``original_state_dict()``; under PyTorch's
+    parallelism DCP's ``get_model_state_dict``), then a round trip loading one
+    (``load_original_state_dict()``; ``set_model_state_dict``)."""
 
-    original: Tensors  # tm.original_state_dict() after training
+    original: Tensors  # the state dict taken after training
     buffers: Tensors  # the Thunder module's buffers at that point, read by the kit
     eager_model: Tensors  # the eager model's state dict at the same point
     loaded: Tensors  # what was handed to load_original_state_dict (the initial parameters)
@@ -154,6 +162,10 @@ class StateDictRecord:
     # values no module held before (drawn by the kit), and this rank's buffers after loading
     loaded_buffers: Tensors = dataclasses.field(default_factory=dict)
     reloaded_buffers: Tensors = dataclasses.field(default_factory=dict)
+    api: tuple[str, str] = THUNDER_API  # the calls that took and loaded it, as findings name them
+    # what taking or loading raised ("Kind at file:line in function: message"): nothing to compare
+    taken_error: str | None = None
+    loaded_error: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,7 +330,7 @@ class CellRecord:
     offload: Any
     setup: SetupRecord
     steps: list[StepRecord]  # every training step, in order
-    state_dict: StateDictRecord | None  # None under PyTorch's parallelism (no Thunder state dict API)
+    state_dict: StateDictRecord | None  # under PyTorch's parallelism through DCP's full state dict
     memory: MemoryRecord
     timings: dict[str, float]
     scenario: ScenarioRecord | None = None  # a scenario beyond training (the cell's axis)

@@ -7,6 +7,10 @@ Thunder leaves tied duplicates out of ``original_state_dict()``: every other ent
 there, and no entry may be one the eager model does not have. (How close those weights are
 to eager training is the numerics area's business.)
 
+Under PyTorch's parallelism the same, through torch.distributed.checkpoint's full state dict
+(``get_model_state_dict``, ``set_model_state_dict``: ``StateDictRecord.api``); what either
+raises is a finding.
+
 Under the ``resume`` scenario, each checkpoint Thunder takes (full, sharded) must hold what
 the kit gathers, and a fresh composition it is loaded into must resume bit for bit where the
 uninterrupted run goes (conformance/rank/scenarios/resume.py). The full checkpoint taken with
@@ -31,25 +35,42 @@ EXACT = {"rtol": 0.0, "atol": 0.0}
 def check(run: CellRecord) -> Findings:
     found = Findings()
     record = run.state_dict
+    take, load = record.api
     duplicates = tied_duplicates(run.eager_model)
     expected = {k: v for k, v in record.eager_model.items() if k not in duplicates}
-    # the shards gathered by the kit when original_state_dict() was taken
+    # the shards gathered by the kit when the state dict was taken
     gathered = {**record.buffers, **(record.gathered or run.steps[-1].after.thunder)}
     on_shards = {k: v for k, v in gathered.items() if k in expected}
-    _entries(found, "original_state_dict", record.original, on_shards, set(expected), set(record.eager_model))
-    round_trip = {"dict": "load_original_state_dict", "stage": "round trip"}
-    found.close(
-        TENSOR, "load_original_state_dict round trip", record.reloaded, record.loaded, fields=round_trip, **EXACT
-    )
+    if record.taken_error is not None:
+        _raised(found, take, "taken", record.taken_error)
+    else:
+        _entries(found, take, record.original, on_shards, set(expected), set(record.eager_model))
+    if record.loaded_error is not None:
+        _raised(found, load, "round trip", record.loaded_error)
+        return _judge_scenario(found, run)
+    round_trip = {"dict": load, "stage": "round trip"}
+    found.close(TENSOR, f"{load} round trip", record.reloaded, record.loaded, fields=round_trip, **EXACT)
     # the persistent buffers loaded with them: known values (conformance/rank/entry.py), every rank
     found.close(
         TENSOR,
-        "load_original_state_dict round trip: buffers",
+        f"{load} round trip: buffers",
         record.reloaded_buffers,
         record.loaded_buffers,
         fields={**round_trip, "stage": "round trip: buffers"},
         **EXACT,
     )
+    return _judge_scenario(found, run)
+
+
+def _raised(found: Findings, call: str, stage: str, error: str) -> None:
+    """``call`` raised: the first word of ``error`` is its kind (what an xfails entry pins)."""
+    kind = error.split(" ", 1)[0]
+    found.fail(RAISED, f"{call} ({stage}) raised {error}", dict=call, stage=stage, call=call, raised=kind)
+
+
+def _judge_scenario(found: Findings, run: CellRecord) -> Findings:
+    """The checkpoints the cell's scenario took and loaded (``resume``, ``rank0_only``)."""
+    record = run.state_dict
     if run.scenario is not None:
         for resumed in run.scenario.resumed:
             judge_resumed(found, resumed, set(record.eager_model))
@@ -141,4 +162,4 @@ def judge_rank0_only(found: Findings, record: RankZeroOnly, eager_keys: set[str]
     )
 
 
-AREA = Area("state_dict", check)
+AREA = Area("state_dict", check, parallelisms=frozenset({"thunder", "torch"}))

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from conformance.checks import draws
 from conformance.checks.findings import CellResult, identical, judged
-from conformance.checks.record import CellRecord, MemoryRecord, PlainPlan, SetupRecord, StateDictRecord
+from conformance.checks.record import DCP_API, CellRecord, MemoryRecord, PlainPlan, SetupRecord, StateDictRecord
 from conformance.checks.registry import AREAS, applies
 from conformance.checks.traces import final_traces
 from conformance.matrix.cells import Cell
@@ -78,8 +78,8 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
     training = train(parts, eager_model, tm, rank, world)
     traces = final_traces(tm)  # before a scenario compiles a computation of its own
     offloading = offload_decision(composed.transforms)  # of the compilation those traces are
-    # under PyTorch's parallelism the record holds the steps and setup only: the areas that
-    # judge it read nothing else (registry.applies)
+    # under PyTorch's parallelism the record holds the setup, the steps and DCP's state dict
+    # round trip: the areas that judge it read nothing else (registry.applies)
     thunders = parts.composition.parallelism == "thunder"
     began = time.perf_counter()
     plain = reference_plan(parts) if plain_jit and thunders else None
@@ -87,7 +87,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
     progress.at(f"scenario {cell.scenario}")
     scenario = run_scenario(cell.scenario, parts, eager_model, tm, training.optimizer, rank, world)
     progress.at("state dict round trip")
-    state_dict = round_trip_state_dict(parts, eager_model, tm) if thunders else None
+    state_dict = round_trip_state_dict(parts, eager_model, tm) if thunders else round_trip_dcp(parts, eager_model, tm)
     compiled = None if thunders else reached.reached_thunder(tm, breaks)
     return CellRecord(
         cell=cell,
@@ -193,6 +193,61 @@ def round_trip_state_dict(parts: Recipe, eager_model: EagerModel, tm: Any) -> St
         loaded_buffers=cpu_copies(known.items()),
         reloaded_buffers={n: b for n, b in cpu_copies(tm.named_buffers()).items() if n in known},
     )
+
+
+def round_trip_dcp(parts: Recipe, eager_model: EagerModel, composed: Any) -> StateDictRecord:
+    """Under PyTorch's parallelism, the round trip through torch.distributed.checkpoint's full
+    state dict, as a user saves and loads one: ``get_model_state_dict`` after training, then the
+    initial weights, under eager's keys, through ``set_model_state_dict``. What either raises
+    is recorded for the state_dict area, not raised: the other areas' judgment stands."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    full = StateDictOptions(full_state_dict=True)
+    original, taken_error = {}, None
+    try:
+        original = cpu_copies(get_model_state_dict(composed.model, options=full).items())
+    except Exception as exc:  # Thunder's module under DCP: a finding, named
+        taken_error = _raise_named(exc)
+    gathered = eager_model.gather(composed)
+    buffers = cpu_copies(composed.named_buffers())
+    loaded = {n: t.to(parts.device) for n, t in eager_model.initial.items()}
+    every_name = {n for n, _ in eager_model.module.named_parameters(remove_duplicate=False)}
+    known = _known_buffers(eager_model.module.state_dict(), every_name, parts.device)
+    loaded_error = None
+    try:
+        # every name of a tied weight holds its initial value: DCP loads each key, the last wins
+        first = {id(p): n for n, p in eager_model.module.named_parameters()}
+        named = eager_model.module.named_parameters(remove_duplicate=False)
+        tied = {n: loaded[first[id(p)]] for n, p in named if first[id(p)] in loaded}
+        handed = {**clones(eager_model.module.state_dict()), **known, **tied}
+        set_model_state_dict(composed.model, handed, options=full)
+    except Exception as exc:
+        loaded_error = _raise_named(exc)
+    return StateDictRecord(
+        original=original,
+        buffers=buffers,
+        eager_model=cpu_copies(eager_model.module.state_dict().items()),
+        loaded={n: t.cpu() for n, t in loaded.items()},
+        reloaded=eager_model.gather(composed) if loaded_error is None else {},
+        gathered=gathered,
+        loaded_buffers=cpu_copies(known.items()),
+        reloaded_buffers={n: b for n, b in cpu_copies(composed.named_buffers()).items() if n in known},
+        api=DCP_API,
+        taken_error=taken_error,
+        loaded_error=loaded_error,
+    )
+
+
+def _raise_named(exc: BaseException) -> str:
+    """``Kind at file:line in function: message``, at the innermost frame in Thunder's code
+    (the innermost of all where none is Thunder's)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = next((f for f in reversed(frames) if "/thunder/" in f.filename), frames[-1] if frames else None)
+    at = f" at {where.filename.rsplit('/site-packages/', 1)[-1]}:{where.lineno} in {where.name}" if where else ""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}{at}: {first}"
 
 
 def _known_buffers(
