@@ -45,6 +45,7 @@ RANK_IMPORTS = (
     "thunder.dynamo",
     "thunder.plugins",
     "thunder.recipes",
+    "torch.distributed.checkpoint.state_dict",
     "transforms.offload",
     "litgpt",
 )
