@@ -47,10 +47,11 @@ def managed(model: torch.nn.Module) -> list[list[torch.Tensor]]:
 
 def expected(model: torch.nn.Module, sharding: str, world_size: int) -> dict[str, dict[str, Expected]]:
     """Phase -> kind -> what a training step issues at the process group (kinds not named: none)."""
-    gathered = [sum(padded_bytes(p, world_size) for p in storages) for storages in managed(model) if storages]
+    units_storages = managed(model)
+    gathered = [sum(padded_bytes(p, world_size) for p in storages) for storages in units_storages if storages]
     reduced = [
         sum(padded_bytes(p, world_size) for p in storages if p.requires_grad)
-        for storages in managed(model)
+        for storages in units_storages
         if any(p.requires_grad for p in storages)
     ]
     forward = Expected(len(gathered), sum(gathered))
