@@ -35,6 +35,9 @@ class SetupRecord:
     # buffers whose value on this rank differs from rank 0's (a buffer is replicated, never
     # sharded: every rank must compute with the same one)
     buffers_unlike_rank0: list[str] = dataclasses.field(default_factory=list)
+    # under PyTorch's parallelism, what DCP's load of the full state dict raised at setup
+    # (``Kind at file:line in function: message``); the model then starts where it was left
+    loaded_error: str | None = None
 
 
 @dataclasses.dataclass

@@ -116,7 +116,7 @@ TORCH_PARALLEL_MODELS = ("tied_lm", "litgpt_llama")
 
 def torch_parallel_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
     """The values that apply to the compositions of PyTorch's parallelism (those offered):
-    real init, no offloading, FSDP2's reshard_after_forward as the sharding axis (DDP's cells
+    the inits they can express, no offloading, FSDP2's reshard_after_forward as the sharding axis (DDP's cells
     at its default), both dtypes and ties, training; Thunder's default executors. Empty
     compositions where none is offered."""
     values = axis_values(world_size, unsupported)
@@ -124,7 +124,9 @@ def torch_parallel_values(world_size: int, unsupported: Collection[str] = ()) ->
         c for c in COMPOSITIONS if c not in unsupported and COMPOSITIONS[c].parallelism == "torch"
     ]
     values["model"] = list(TORCH_PARALLEL_MODELS)
-    values.update(init=["real"], offload=["none"], bucketing=["none"], scenario=["train"])
+    inits = {i for c in values["composition"] for i in (COMPOSITIONS[c].inits or INITS)}
+    values["init"] = [i for i in INITS if i in inits]
+    values.update(offload=["none"], bucketing=["none"], scenario=["train"])
     values["executors"] = [EXECUTORS_DEFAULT]
     return values
 

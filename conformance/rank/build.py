@@ -19,12 +19,13 @@ from conformance.checks.record import ModuleInit
 from conformance.checks.storages import tied_duplicates
 from conformance.matrix.cells import Cell
 from conformance.matrix.initialization import SetupPlan, StateDictKind, plan
-from conformance.rank import measure, progress
+from conformance.rank import measure, progress, raised
 from conformance.rank.clock import thunder_call
 from conformance.rank.dropout import replace_output_dropout
 from conformance.rank.gather import Gathered, clones, gather, shard, snapshot
 from conformance.rank.module_init import module_inits
 from fixtures import inits, patterns
+from fixtures import torch_parallel as tp
 from fixtures.compositions import COMPOSITIONS, Composition, Setup
 from fixtures.executors import EXECUTORS, ExecutorChoice
 from fixtures.models import ModelFixture, fixture_for
@@ -146,6 +147,8 @@ class Composed:
     setup_peak: int  # bytes allocated at the peak of setup (construction, jit, sharding, materialization)
     setup_s: float
     transforms: list[Any]  # the cell's transforms beside sharding (cell_transforms), as handed to Thunder
+    # under PyTorch's parallelism, what loading the full state dict at setup raised (named)
+    loaded_error: str | None = None
 
 
 def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
@@ -184,11 +187,23 @@ def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
             fsdp2_reshard=recipe.cell.sharding == "zero3",
         )
         tm = recipe.composition.build(model, how)
-        if recipe.plan.load_after == "original":
+        loaded_error = None
+        if recipe.composition.parallelism == "torch":
+            if recipe.init.on_meta:
+                # off CUDA, DTensor draws each shard from its rank's own generator (no RNG
+                # tracker): a seed shared by the ranks would make every shard a copy of rank 0's
+                torch.manual_seed(SEED + rank)
+                tp.materialize(tm.model, recipe.device)
+            if state is not None:
+                try:  # DCP broadcasts the full state dict from rank 0: no other rank holds it
+                    tp.load_full_state_dict(tm.model, state if rank == 0 else {})
+                except Exception as exc:  # a ThunderModule in the model: a finding, named
+                    loaded_error = raised.named(exc)
+        elif recipe.plan.load_after == "original":
             tm.load_original_state_dict(state)
         elif recipe.plan.load_after == "transformed":
             tm.load_state_dict(state)
-    return Composed(tm, setup.peak, time.perf_counter() - began, transforms)
+    return Composed(tm, setup.peak, time.perf_counter() - began, transforms, loaded_error)
 
 
 def _materialization(setup: SetupPlan, state: dict[str, torch.Tensor] | None) -> Any:

@@ -22,7 +22,7 @@ from conformance.checks.registry import AREAS, applies
 from conformance.checks.traces import final_traces
 from conformance.matrix.cells import Cell
 from conformance.matrix.initialization import expects_reset_error
-from conformance.rank import clock, measure, progress, reached
+from conformance.rank import clock, measure, progress, raised, reached
 from conformance.rank.build import EagerModel, Recipe, Unsupported, build_eager_model, compose, recipe
 from conformance.rank.gather import clones, cpu_copies, on_every_rank, rank_device
 from conformance.rank.plain_jit import plain_plan
@@ -72,7 +72,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
     tm = composed.thunder_module
     progress.at("recording setup")
     alive_after_setup = measure.census(parts.device, eager_model.kit_pointers())
-    setup = record_setup(parts, eager_model, tm)
+    setup = record_setup(parts, eager_model, tm, composed.loaded_error)
     progress.at("training")
     breaks = reached.graph_breaks()
     training = train(parts, eager_model, tm, rank, world)
@@ -148,9 +148,10 @@ def offload_decision(transforms: list[Any]) -> Any:
     return decisions[-1] if decisions else None
 
 
-def record_setup(parts: Recipe, eager_model: EagerModel, tm: Any) -> SetupRecord:
+def record_setup(parts: Recipe, eager_model: EagerModel, tm: Any, loaded_error: str | None = None) -> SetupRecord:
     """What the Thunder module holds right after setup. Where Thunder drew the weights
-    (module init), the eager model adopts them so that the steps can be compared."""
+    (module init), or a state dict's load raised (``loaded_error``: materialization's finding),
+    the eager model adopts them so that the steps can be compared."""
     placement = {n: str(t.device) for n, t in (*tm.named_parameters(), *tm.named_buffers())}
     buffers = cpu_copies(tm.named_buffers())
     on_ranks = on_every_rank(buffers)
@@ -161,8 +162,9 @@ def record_setup(parts: Recipe, eager_model: EagerModel, tm: Any) -> SetupRecord
         buffers=buffers,
         eager_buffers=cpu_copies(eager_model.module.named_buffers()),
         buffers_unlike_rank0=sorted(n for n, t in buffers.items() if not identical(t, on_ranks[0].get(n))),
+        loaded_error=loaded_error,
     )
-    if not parts.init.values_from_eager:
+    if not parts.init.values_from_eager or loaded_error is not None:
         with torch.no_grad():
             for n, p in eager_model.module.named_parameters():
                 p.copy_(setup.initial[n])
@@ -207,7 +209,7 @@ def round_trip_dcp(parts: Recipe, eager_model: EagerModel, composed: Any) -> Sta
     try:
         original = cpu_copies(get_model_state_dict(composed.model, options=full).items())
     except Exception as exc:  # Thunder's module under DCP: a finding, named
-        taken_error = _raise_named(exc)
+        taken_error = raised.named(exc)
     gathered = eager_model.gather(composed)
     buffers = cpu_copies(composed.named_buffers())
     loaded = {n: t.to(parts.device) for n, t in eager_model.initial.items()}
@@ -222,7 +224,7 @@ def round_trip_dcp(parts: Recipe, eager_model: EagerModel, composed: Any) -> Sta
         handed = {**clones(eager_model.module.state_dict()), **known, **tied}
         set_model_state_dict(composed.model, handed, options=full)
     except Exception as exc:
-        loaded_error = _raise_named(exc)
+        loaded_error = raised.named(exc)
     return StateDictRecord(
         original=original,
         buffers=buffers,
@@ -236,18 +238,6 @@ def round_trip_dcp(parts: Recipe, eager_model: EagerModel, composed: Any) -> Sta
         taken_error=taken_error,
         loaded_error=loaded_error,
     )
-
-
-def _raise_named(exc: BaseException) -> str:
-    """``Kind at file:line in function: message``, at the innermost frame in Thunder's code
-    (the innermost of all where none is Thunder's)."""
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = next((f for f in reversed(frames) if "/thunder/" in f.filename), frames[-1] if frames else None)
-    at = f" at {where.filename.rsplit('/site-packages/', 1)[-1]}:{where.lineno} in {where.name}" if where else ""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}{at}: {first}"
 
 
 def _known_buffers(

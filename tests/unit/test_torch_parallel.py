@@ -57,3 +57,26 @@ def test_fsdp2_units_are_the_numbered_blocks_then_the_root() -> None:
     assert units(model) == [model.h[0], model.h[1], model]
     plain = MODELS["mlp"].build(False)
     assert units(plain) == [plain]
+
+
+def test_meta_init_materializes_every_tensor_as_eager_builds_it() -> None:
+    """Lightning's meta init (``to_empty``, then each module's ``reset_parameters``), without a
+    world: nothing left on meta, every value finite, the tie kept, and litgpt's RoPE cache (which
+    its root's reset recomputes in float32) equal to eager's in the model's bfloat16."""
+    from fixtures.torch_parallel import materialize
+
+    for name in ("tied_lm", "litgpt_llama"):
+        eager = MODELS[name].build(True).to(torch.bfloat16)
+        with torch.device("meta"):
+            model = MODELS[name].build(True).to(torch.bfloat16)
+        materialize(model, torch.device("cpu"))
+        tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
+        assert all(t.device.type == "cpu" and bool(t.isfinite().all()) for t in tensors.values()), name
+        assert {n: b.dtype for n, b in model.named_buffers()} == {n: b.dtype for n, b in eager.named_buffers()}
+        for n, b in eager.named_buffers():
+            torch.testing.assert_close(model.get_buffer(n), b, rtol=0, atol=0)
+        first = {id(p): n for n, p in eager.named_parameters()}
+        ties = {n: first[id(p)] for n, p in eager.named_parameters(remove_duplicate=False) if first[id(p)] != n}
+        assert ties, name  # both models offer the tie
+        for alias, owner in ties.items():
+            assert model.get_parameter(alias) is model.get_parameter(owner)

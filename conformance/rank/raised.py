@@ -1,0 +1,17 @@
+"""What the Thunder under test raised inside a call that a user makes of PyTorch (DCP's state
+dict functions over a model holding ThunderModules), named for a finding rather than raised:
+the cell's other judgments stand."""
+
+from __future__ import annotations
+
+import traceback
+
+
+def named(exc: BaseException) -> str:
+    """``Kind at file:line in function: message``, at the innermost frame in Thunder's code
+    (the innermost of all where none is Thunder's)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = next((f for f in reversed(frames) if "/thunder/" in f.filename), frames[-1] if frames else None)
+    at = f" at {where.filename.rsplit('/site-packages/', 1)[-1]}:{where.lineno} in {where.name}" if where else ""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}{at}: {first}"
