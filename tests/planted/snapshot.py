@@ -16,7 +16,6 @@ from tests.planted.compiled import JITTED, THUNDERFX
 from tests.planted.process_group import OVER_DDP, OVER_FSDP2
 from tests.planted.record import Expect, planted
 
-
 FLOAT32: Pred = lambda cell: THUNDERFX(cell) and cell.dtype == "float32"  # noqa: E731
 # in bfloat16 one SGD step of one weight may sit within eager's own rounding against its twin
 BFLOAT16: Pred = lambda cell: THUNDERFX(cell) and cell.dtype == "bfloat16"  # noqa: E731
