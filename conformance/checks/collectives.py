@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -33,12 +34,13 @@ from conformance.checks import fsdp2
 from conformance.checks.area import Across, Area
 from conformance.checks.buckets import buckets, ddp_buckets
 from conformance.checks.findings import Failure, Findings
-from conformance.checks.record import CellRecord, SimulatedRecord
+from conformance.checks.record import CellRecord, Issued, SimulatedRecord
 from conformance.checks.reductions import REDUCING, bytes_derived, judge_backward
 from conformance.checks.storages import distinct_storages, padded_bytes
 from conformance.checks.traces import KINDS, MISSING, collective_symbols, issued
 from conformance.matrix.cells import Cell
 from fixtures.compositions import COMPOSITIONS
+from fixtures.options import MICRO_STEPS
 from transforms.policies import proxy_bytes
 
 
@@ -188,28 +190,66 @@ def check_process_group(run: CellRecord) -> Findings:
     for phase in fsdp2.PHASES:
         tallies: dict[tuple, list[int]] = {}
         for k, step in enumerate(run.steps):
-            tally = {kind: fsdp2.Expected() for kind in fsdp2.KINDS}
-            for i in step.issued or ():
-                if i.phase == phase:
-                    had = tally.get(i.kind, fsdp2.Expected())
-                    tally[i.kind] = fsdp2.Expected(had.count + 1, had.nbytes + i.nbytes)
-            tallies.setdefault(tuple(sorted(tally.items())), []).append(k)
+            tallies.setdefault(tuple(sorted(_tally(step.issued or (), phase).items())), []).append(k)
         for tally, steps in tallies.items():
             label = phase if len(tallies) == 1 else f"{phase} of steps {', '.join(map(str, steps))}"
-            for kind, got in tally:
-                wanted = want[phase].get(kind, fsdp2.Expected())
-                _count(found, label, kind, got.count, wanted.count, None)
-                if wanted.count and got.count:  # a missing or stray collective: its count says so
-                    found.equal(
-                        "collectives.bytes",
-                        f"{label} {kind} bytes",
-                        got.nbytes,
-                        wanted.nbytes,
-                        bytes_derived(wanted.nbytes, cell.world_size),
-                        phase=label,
-                        kind=kind,
-                    )
+            _judge_tally(found, label, dict(tally), want[phase], cell.world_size)
+    record = run.scenario
+    if record is not None and record.issued is not None:
+        wanted = scenario_wanted(record.scenario, want)
+        for phase in fsdp2.PHASES:
+            label = f"{record.scenario} {phase}"
+            _judge_tally(found, label, _tally(record.issued, phase), wanted.get(phase, {}), cell.world_size)
     return found
+
+
+def scenario_wanted(scenario: str, want: dict[str, dict[str, fsdp2.Expected]]) -> dict[str, dict[str, fsdp2.Expected]]:
+    """Under FSDP2, what a scenario issues per phase, from what a training step issues
+    (``want``): ``infer``'s no_grad forward all-gathers each unit as training's does and
+    nothing more; ``reshape``'s forward and backward move the same parameters whatever the
+    input's shape; ``accumulate``'s micro-steps each gather as a step does, and only the last,
+    synced, reduce-scatters (what the skipped ones accumulated with its own). None steps."""
+    if scenario == "infer":
+        return {"forward": want["forward"]}
+    if scenario == "reshape":
+        return {"forward": want["forward"], "backward": want["backward"]}
+    assert scenario == "accumulate", scenario
+    times = {"all_gather": MICRO_STEPS}  # per micro-step; every other kind once, in the last
+    return {
+        phase: {
+            kind: fsdp2.Expected(e.count * times.get(kind, 1), e.nbytes * times.get(kind, 1))
+            for kind, e in want[phase].items()
+        }
+        for phase in ("forward", "backward")
+    }
+
+
+def _tally(calls: Iterable[Issued], phase: str) -> dict[str, fsdp2.Expected]:
+    """What ``calls`` holds of ``phase``: per kind, the count and the bytes."""
+    tally = {kind: fsdp2.Expected() for kind in fsdp2.KINDS}
+    for i in calls:
+        if i.phase == phase:
+            had = tally.get(i.kind, fsdp2.Expected())
+            tally[i.kind] = fsdp2.Expected(had.count + 1, had.nbytes + i.nbytes)
+    return tally
+
+
+def _judge_tally(
+    found: Findings, label: str, tally: dict[str, fsdp2.Expected], wanted: dict[str, fsdp2.Expected], world: int
+) -> None:
+    for kind, got in tally.items():
+        want = wanted.get(kind, fsdp2.Expected())
+        _count(found, label, kind, got.count, want.count, None)
+        if want.count and got.count:  # a missing or stray collective: its count says so
+            found.equal(
+                "collectives.bytes",
+                f"{label} {kind} bytes",
+                got.nbytes,
+                want.nbytes,
+                bytes_derived(want.nbytes, world),
+                phase=label,
+                kind=kind,
+            )
 
 
 def backward_traces(run: CellRecord | SimulatedRecord) -> list[tuple[str, Any]]:

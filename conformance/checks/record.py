@@ -275,6 +275,9 @@ class ScenarioRecord:
     error: str | None = None  # what Thunder raised instead (the training's findings still stand)
     resumed: list[Resumed] = dataclasses.field(default_factory=list)  # ``resume``: each checkpoint kind's round trip
     rank0_only: RankZeroOnly | None = None  # ``resume``: the full checkpoint on rank 0 alone
+    # under PyTorch's parallelism: what the scenario issued at the process group, per phase
+    # (Thunder's traces hold none of it: ``traces`` stays None)
+    issued: list[Issued] | None = None
 
 
 @dataclasses.dataclass

@@ -109,6 +109,11 @@ def replicated_values(world_size: int, unsupported: Collection[str] = ()) -> dic
     return values
 
 
+# the scenarios of PyTorch's parallelism so far: training, and after it a no_grad forward,
+# gradient accumulation with the sync skipped as the parallelism offers, a step at a second
+# input shape
+TORCH_PARALLEL_SCENARIOS = ("train", "infer", "accumulate", "reshape")
+
 # PyTorch's parallelism's models in ci and nightly: one without blocks (FSDP2 shards the root
 # alone; tied or not), one with (the benchmark's per-block units: litgpt's transformer blocks)
 TORCH_PARALLEL_MODELS = ("tied_lm", "litgpt_llama")
@@ -117,7 +122,7 @@ TORCH_PARALLEL_MODELS = ("tied_lm", "litgpt_llama")
 def torch_parallel_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
     """The values that apply to the compositions of PyTorch's parallelism (those offered):
     the inits they can express, no offloading, FSDP2's reshard_after_forward as the sharding axis (DDP's cells
-    at its default), both dtypes and ties, training; Thunder's default executors. Empty
+    at its default), both dtypes and ties, the scenarios they run; Thunder's default executors. Empty
     compositions where none is offered."""
     values = axis_values(world_size, unsupported)
     values["composition"] = [
@@ -126,7 +131,10 @@ def torch_parallel_values(world_size: int, unsupported: Collection[str] = ()) ->
     values["model"] = list(TORCH_PARALLEL_MODELS)
     inits = {i for c in values["composition"] for i in (COMPOSITIONS[c].inits or INITS)}
     values["init"] = [i for i in INITS if i in inits]
-    values.update(offload=["none"], bucketing=["none"], scenario=["train"])
+    # the scenarios whose records every composition can produce (resume's calls are Thunder's
+    # own checkpoint functions)
+    scenarios = [s for s in SCENARIOS if s in TORCH_PARALLEL_SCENARIOS]
+    values.update(offload=["none"], bucketing=["none"], scenario=scenarios)
     values["executors"] = [EXECUTORS_DEFAULT]
     return values
 

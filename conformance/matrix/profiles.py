@@ -159,7 +159,8 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *(covering(ddp, refused=refused) if ddp["composition"] else ()),
             *(covering(trains_only(runs), refused=refused) if TRAINS_ONLY else ()),
             *(covering(trains_only(ddp), refused=refused) if TRAINS_ONLY and ddp["composition"] else ()),
-            *torch_cells,
+            # PyTorch's parallelism: every triple of its values, as Thunder's own transforms
+            *(covering(torch_parallel, strength=3) if torch_parallel["composition"] else ()),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]

@@ -11,9 +11,10 @@ import collections
 import pytest
 import torch
 
-from conformance.checks import fsdp2
+from conformance.checks import collectives, fsdp2
 from conformance.checks.record import Issued
 from fixtures.models import fixture_for
+from fixtures.options import MICRO_STEPS
 
 # world size -> the cases one world runs in turn: (model, tied, sharding)
 pytestmark = pytest.mark.slow  # spawns worlds of 3 and 2 ranks
@@ -32,7 +33,9 @@ def _model(name: str, tied: bool) -> torch.nn.Module:
 
 
 def _train_one_step(rank: int, world: int, store: str, out: str) -> None:
-    """Each case of the world: one step of eager FSDP2, every collective counted."""
+    """Each case of the world: one step of eager FSDP2, then each scenario as its cell runs it
+    after training (reshape, accumulate, then infer: a no_grad forward under ZERO2 leaves the
+    units gathered), every collective counted."""
     import torch.distributed as dist
 
     from conformance.rank.process_group import counting
@@ -52,7 +55,27 @@ def _train_one_step(rank: int, world: int, store: str, out: str) -> None:
                 y.float().sum().backward()
             with counting(calls, "optimizer step"):
                 optimizer.step()
-            issued.append(calls)
+            optimizer.zero_grad(set_to_none=True)
+            # the scenarios, each as its cell runs it after training: reshape's step at the
+            # second input shape (it leaves every unit resharded), then infer's no_grad forward
+            reshaped: list[Issued] = []
+            second = fixture_for(name).second_input(torch.Generator().manual_seed(rank), torch.float32)
+            with counting(reshaped, "forward"):
+                y = model(second)
+            with counting(reshaped, "backward"):
+                y.float().sum().backward()
+            optimizer.zero_grad(set_to_none=True)
+            accumulated: list[Issued] = []
+            for micro in range(MICRO_STEPS):
+                model.set_requires_gradient_sync(micro == MICRO_STEPS - 1)  # the last syncs
+                with counting(accumulated, "forward"):
+                    y = model(x)
+                with counting(accumulated, "backward"):
+                    y.float().sum().backward()
+            inferred: list[Issued] = []
+            with torch.no_grad(), counting(inferred, "forward"):
+                model(x)
+            issued.append((calls, {"reshape": reshaped, "accumulate": accumulated, "infer": inferred}))
         torch.save(issued, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
@@ -66,13 +89,23 @@ def test_derived_counts_and_bytes_are_what_fsdp2_issues(tmp_path, world: int) ->
     mp.spawn(_train_one_step, args=(world, str(tmp_path / "store"), str(out)), nprocs=world, join=True)
     for rank in range(world):
         issued = torch.load(f"{out}.{rank}", weights_only=False)
-        for (name, tied, sharding), calls in zip(CASES[world], issued, strict=True):
-            got: dict[tuple[str, str], fsdp2.Expected] = collections.defaultdict(fsdp2.Expected)
-            for c in calls:
-                had = got[c.phase, c.kind]
-                got[c.phase, c.kind] = fsdp2.Expected(had.count + 1, had.nbytes + c.nbytes)
+        for (name, tied, sharding), (calls, scenarios) in zip(CASES[world], issued, strict=True):
             want = fsdp2.expected(_model(name, tied), sharding, world)
             derived = {(p, k): e for p, kinds in want.items() for k, e in kinds.items() if e.count}
-            assert dict(got) == derived, f"{name} {sharding}, rank {rank}"
+            assert _tallied(calls) == derived, f"{name} {sharding}, rank {rank}"
+            # each scenario as the collectives area derives it from a training step's numbers
+            for scenario, scenario_calls in scenarios.items():
+                wanted = collectives.scenario_wanted(scenario, want)
+                wanted = {(p, k): e for p, kinds in wanted.items() for k, e in kinds.items() if e.count}
+                assert _tallied(scenario_calls) == wanted, f"{scenario}: {name} {sharding}, rank {rank}"
             # the model is what the cases say: two blocks and the root, or the root alone
             assert want["forward"]["all_gather"].count == (3 if name == "litgpt_llama" else 1)
+
+
+def _tallied(calls: list[Issued]) -> dict[tuple[str, str], fsdp2.Expected]:
+    """Per (phase, kind): how many ``calls`` issued and their bytes."""
+    got: dict[tuple[str, str], fsdp2.Expected] = collections.defaultdict(fsdp2.Expected)
+    for c in calls:
+        had = got[c.phase, c.kind]
+        got[c.phase, c.kind] = fsdp2.Expected(had.count + 1, had.nbytes + c.nbytes)
+    return dict(got)

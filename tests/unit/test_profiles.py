@@ -273,7 +273,8 @@ def test_ddp_takes_rows_of_cis_array_and_has_nightly_arrays_of_its_own() -> None
 
 def test_ci_carries_pytorch_parallelism_in_an_array_of_its_own() -> None:
     """FSDP2 and DDP under Thunder: every composition offered, on a model with blocks and one
-    without, every pair of composition and model, tie, dtype, FSDP2's resharding and init met; none
+    without, every pair of composition and model, tie, dtype, FSDP2's resharding, init and
+    scenario met; none
     of them in the arrays of Thunder's own transforms."""
     from conformance.matrix.axes import torch_parallel_values
     from fixtures.compositions import COMPOSITIONS
@@ -285,7 +286,7 @@ def test_ci_carries_pytorch_parallelism_in_an_array_of_its_own() -> None:
     }  # fmt: skip
     # FSDP2's compositions at every init they express (Lightning's meta init, DCP's full load)
     assert set(values["init"]) == {"real", "meta_module_init", "meta_original_sd"}
-    for axis in ("model", "tie", "dtype", "sharding", "init"):
+    for axis in ("model", "tie", "dtype", "sharding", "init", "scenario"):
         met = {(c.composition, getattr(c, axis)) for c in family}
         wanted = {
             (comp, v)
@@ -294,5 +295,5 @@ def test_ci_carries_pytorch_parallelism_in_an_array_of_its_own() -> None:
             if valid({"composition": comp, axis: v})
         }
         assert wanted <= met, (axis, sorted(wanted - met))
-    assert all(c.scenario == "train" for c in family)
+    assert {c.scenario for c in family} == set(values["scenario"]) == {"train", "infer", "reshape"}
     assert {c.init for c in family if COMPOSITIONS[c.composition].replicated} == {"real"}

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.checks.record import ScenarioRecord
+from conformance.checks.record import Issued, ScenarioRecord
 from conformance.checks.traces import final_traces
 from conformance.rank.build import EagerModel, Recipe
 from conformance.rank.clock import thunder_call
 from conformance.rank.eager import loss, rank_gradients
+from conformance.rank.process_group import counting
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, combined, summed, weighted
 from fixtures.options import MICRO_STEPS
 
@@ -31,15 +32,17 @@ def accumulate(
         Batch.draw(recipe.fixture.make_input, recipe, eager.module, AFTER_TRAINING + i, world)
         for i in range(MICRO_STEPS)
     ]
+    # under PyTorch's parallelism the collectives are counted at the process group, every
+    # micro-step's in its phase (the skipped ones' and the last's together)
+    calls: list[Issued] | None = None if recipe.composition.parallelism == "thunder" else []
     try:
         with tm.no_sync():
             for batch in batches[:-1]:
                 with thunder_call():
-                    loss(tm(batch.inputs[rank]), batch.cotangents[rank]).backward()
+                    _step(tm, batch, rank, calls)
             traces = final_traces(tm)  # the computation Thunder compiled for a skipped sync
-        last = batches[-1]
         with thunder_call():
-            loss(tm(last.inputs[rank]), last.cotangents[rank]).backward()
+            _step(tm, batches[-1], rank, calls)
     except Exception as exc:  # Thunder's own call: its refusal is a finding, not the end of the cell
         return ScenarioRecord("accumulate", error=f"{type(exc).__name__}: {exc}")
     grads = eager_model.gather(tm, grads=True)
@@ -66,5 +69,14 @@ def accumulate(
             name: (weighted(per_step, w), None if twin is None else weighted(twin, w)) for name, w in mistakes.items()
         },
         alternatives_local={} if local is None else {name: combined(local, w) for name, w in mistakes.items()},
-        traces=traces,
+        traces=None if calls is not None else traces,
+        issued=calls,
     )
+
+
+def _step(tm: Any, batch: Batch, rank: int, calls: list[Issued] | None) -> None:
+    """One micro-step's forward and backward, each counted where ``calls`` is a list."""
+    with counting(calls, "forward"):
+        out = tm(batch.inputs[rank])
+    with counting(calls, "backward"):
+        loss(out, batch.cotangents[rank]).backward()

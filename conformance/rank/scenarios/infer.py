@@ -9,11 +9,12 @@ from typing import Any
 
 import torch
 
-from conformance.checks.record import ScenarioRecord
+from conformance.checks.record import Issued, ScenarioRecord
 from conformance.checks.traces import FinalTraces
 from conformance.rank.build import EagerModel, Recipe
 from conformance.rank.clock import thunder_call
 from conformance.rank.eager import float32_input
+from conformance.rank.process_group import counting
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Eager
 from conformance.rank.train import generator
 
@@ -27,12 +28,15 @@ def infer(
 
     eager = Eager.beside(recipe, eager_model, tm)
     x = recipe.fixture.make_input(generator(AFTER_TRAINING, rank), recipe.dtype).to(recipe.device)
+    thunders = recipe.composition.parallelism == "thunder"
+    calls: list[Issued] | None = None if thunders else []
     try:
-        with torch.no_grad(), thunder_call():
+        with torch.no_grad(), thunder_call(), counting(calls, "forward"):
             out = tm(x)
     except Exception as exc:  # Thunder's own call: its refusal is a finding, not the end of the cell
         return ScenarioRecord("infer", error=f"{type(exc).__name__}: {exc}")
-    trace = thunder.last_traces(tm)[-1]
+    # under PyTorch's parallelism the collectives are counted at the process group instead
+    trace = thunder.last_traces(tm)[-1] if thunders else None
     with torch.no_grad():
         expected = eager.module(x)
         twin = eager.twin(float32_input(x)) if eager.twin is not None else None
@@ -42,5 +46,6 @@ def infer(
         requires_grad=bool(out.requires_grad),
         eager_output=expected.detach().cpu(),
         twin_output=None if twin is None else twin.detach().cpu(),
-        traces=FinalTraces(trace, None),
+        traces=None if trace is None else FinalTraces(trace, None),
+        issued=calls,
     )
