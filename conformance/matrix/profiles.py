@@ -25,6 +25,7 @@ from conformance.matrix.axes import (
     PROBED_AXES,
     TRAINS_ONLY,
     axis_values,
+    by_replication,
     pairwise_values,
     replicated_values,
     torch_parallel_values,
@@ -160,7 +161,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *(covering(trains_only(runs), refused=refused) if TRAINS_ONLY else ()),
             *(covering(trains_only(ddp), refused=refused) if TRAINS_ONLY and ddp["composition"] else ()),
             # PyTorch's parallelism: every triple of its values, as Thunder's own transforms
-            *(covering(torch_parallel, strength=3) if torch_parallel["composition"] else ()),
+            *(c for values in by_replication(torch_parallel) for c in covering(values, strength=3)),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]
