@@ -27,6 +27,12 @@ def returned_wrong(error: str | None) -> str | None:
     return last[0][len(marker) :] if last[0].startswith(marker) else None
 
 
+def raised_kind(error: str) -> str:
+    """The kind of a raise named ``Kind at file:line in function: message`` (or ``Kind:
+    message``, where it had no frame): what an xfails entry pins."""
+    return error.split(" ", 1)[0].rstrip(":")
+
+
 @dataclasses.dataclass
 class Crash:
     """A check that raised instead of judging: the kit's failure, never Thunder's verdict."""

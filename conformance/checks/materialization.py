@@ -22,7 +22,7 @@ import torch
 
 from conformance.checks import distributions, draws, initial_values, power
 from conformance.checks.area import Area
-from conformance.checks.findings import Findings
+from conformance.checks.findings import Findings, raised_kind
 from conformance.checks.record import CellRecord
 from conformance.matrix.cells import Cell
 from fixtures.compositions import COMPOSITIONS
@@ -43,7 +43,7 @@ def check(run: CellRecord) -> Findings:
         assert not wrong, f"expected every tensor on {run.device}, found {wrong}"
     if setup.loaded_error is not None:
         # the values it left are not the state dict's, and say nothing more than the raise
-        kind = setup.loaded_error.split(" ", 1)[0].rstrip(":")
+        kind = raised_kind(setup.loaded_error)
         call = "set_model_state_dict"
         found.fail(LOAD_RAISED, f"{call} of the full state dict raised {setup.loaded_error}", call=call, raised=kind)
     elif run.init.values_from_eager:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from conformance.checks.area import Area
 from conformance.checks.checkpoint_record import RankZeroOnly, Resumed
-from conformance.checks.findings import Findings, identical
+from conformance.checks.findings import Findings, identical, raised_kind
 from conformance.checks.record import CellRecord, Tensors
 from conformance.checks.storages import tied_duplicates
 
@@ -64,7 +64,7 @@ def check(run: CellRecord) -> Findings:
 
 def _raised(found: Findings, call: str, stage: str, error: str) -> None:
     """``call`` raised: the first word of ``error`` is its kind (what an xfails entry pins)."""
-    kind = error.split(" ", 1)[0]
+    kind = raised_kind(error)
     found.fail(RAISED, f"{call} ({stage}) raised {error}", dict=call, stage=stage, call=call, raised=kind)
 
 

@@ -73,6 +73,13 @@ def _counted(name: str, original: Any, into: list[Issued], phase: str) -> Any:
     return issue
 
 
+def calls_for(composition: Any) -> list[Issued] | None:
+    """Where a composition's collectives are counted: an empty list to count them into under
+    PyTorch's parallelism (its hooks issue them), None under Thunder's own transforms (its
+    traces hold them)."""
+    return [] if composition.parallelism == "torch" else None
+
+
 @contextlib.contextmanager
 def counting(into: list[Issued] | None, phase: str) -> Iterator[None]:
     """While the block runs, every collective issued through ``torch.distributed`` is appended

@@ -22,7 +22,6 @@ from torch import nn
 from conformance.checks.findings import ThunderReturnedWrong
 from conformance.checks.record import (
     MEASURED_STEP,
-    Issued,
     LossRegion,
     ParametersAfter,
     Replicas,
@@ -38,7 +37,7 @@ from conformance.rank.dropout import drawn_masks, replayed
 from conformance.rank.eager import loss, loss_region, unweighable
 from conformance.rank.gather import apart_from_rank0, cpu_copies, snapshot
 from conformance.rank.measure import Ledger, measure, unmeasurable
-from conformance.rank.process_group import counting
+from conformance.rank.process_group import calls_for, counting
 from conformance.rank.references import Eager, Float64AtThunder, LocalAtThunder, Twin, TwinAtThunder
 from fixtures import patterns
 from fixtures.optimizers import OPTIMIZERS
@@ -117,7 +116,7 @@ class _Lockstep:
         measured = step == MEASURED_STEP
         inputs = [self.recipe.fixture.make_input(generator(step, r), dtype).to(device) for r in range(self.world)]
         held_before = ledger.read()
-        calls: list[Issued] | None = [] if self.recipe.composition.parallelism == "torch" else None
+        calls = calls_for(self.recipe.composition)
         with ledger.phase(settle=measured) as forward, thunder_call("forward"), counting(calls, "forward"):
             out = tm(inputs[rank])
         masks = None

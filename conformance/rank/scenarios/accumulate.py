@@ -19,7 +19,7 @@ from conformance.checks.traces import final_traces
 from conformance.rank.build import EagerModel, Recipe
 from conformance.rank.clock import thunder_call
 from conformance.rank.eager import loss, rank_gradients
-from conformance.rank.process_group import counting
+from conformance.rank.process_group import calls_for, counting
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, combined, summed, weighted
 from fixtures.options import MICRO_STEPS
 
@@ -34,7 +34,7 @@ def accumulate(
     ]
     # under PyTorch's parallelism the collectives are counted at the process group, every
     # micro-step's in its phase (the skipped ones' and the last's together)
-    calls: list[Issued] | None = None if recipe.composition.parallelism == "thunder" else []
+    calls = calls_for(recipe.composition)
     try:
         with tm.no_sync():
             for batch in batches[:-1]:

@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
-from conformance.checks.record import Issued, ScenarioRecord
+from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import FinalTraces
 from conformance.rank.build import EagerModel, Recipe
 from conformance.rank.clock import thunder_call
 from conformance.rank.eager import float32_input
-from conformance.rank.process_group import counting
+from conformance.rank.process_group import calls_for, counting
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Eager
 from conformance.rank.train import generator
 
@@ -28,15 +28,14 @@ def infer(
 
     eager = Eager.beside(recipe, eager_model, tm)
     x = recipe.fixture.make_input(generator(AFTER_TRAINING, rank), recipe.dtype).to(recipe.device)
-    thunders = recipe.composition.parallelism == "thunder"
-    calls: list[Issued] | None = None if thunders else []
+    calls = calls_for(recipe.composition)
     try:
         with torch.no_grad(), thunder_call(), counting(calls, "forward"):
             out = tm(x)
     except Exception as exc:  # Thunder's own call: its refusal is a finding, not the end of the cell
         return ScenarioRecord("infer", error=f"{type(exc).__name__}: {exc}")
     # under PyTorch's parallelism the collectives are counted at the process group instead
-    trace = thunder.last_traces(tm)[-1] if thunders else None
+    trace = thunder.last_traces(tm)[-1] if calls is None else None
     with torch.no_grad():
         expected = eager.module(x)
         twin = eager.twin(float32_input(x)) if eager.twin is not None else None

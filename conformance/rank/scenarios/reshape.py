@@ -8,20 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.checks.record import Issued, ScenarioRecord
+from conformance.checks.record import ScenarioRecord
 from conformance.checks.traces import final_traces
 from conformance.rank.build import EagerModel, Recipe
 from conformance.rank.clock import thunder_call
 from conformance.rank.eager import loss, rank_gradients
-from conformance.rank.process_group import counting
+from conformance.rank.process_group import calls_for, counting
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients
 
 
 def reshape(recipe: Recipe, eager_model: EagerModel, tm: Any, optimizer: Any, rank: int, world: int) -> ScenarioRecord:
     eager = Eager.beside(recipe, eager_model, tm)
     batch = Batch.draw(recipe.fixture.second_input, recipe, eager.module, AFTER_TRAINING, world)
-    thunders = recipe.composition.parallelism == "thunder"
-    calls: list[Issued] | None = None if thunders else []
+    calls = calls_for(recipe.composition)
     try:
         with thunder_call():
             with counting(calls, "forward"):
@@ -31,7 +30,7 @@ def reshape(recipe: Recipe, eager_model: EagerModel, tm: Any, optimizer: Any, ra
     except Exception as exc:  # Thunder's own call: its refusal is a finding, not the end of the cell
         return ScenarioRecord("reshape", error=f"{type(exc).__name__}: {exc}")
     # under PyTorch's parallelism the collectives are counted at the process group instead
-    traces = final_traces(tm) if thunders else None
+    traces = final_traces(tm) if calls is None else None
     grads = eager_model.gather(tm, grads=True)
     tm.zero_grad(set_to_none=True)
     passed = batch_gradients(eager.module, batch)
