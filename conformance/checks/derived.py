@@ -21,6 +21,10 @@ DERIVED: dict[str, str] = {
     "resident_and_handed_over": "resident + handed_over",
     "resident_and_buffers": "resident + buffers",
     "unsharded": "the bytes of every parameter unsharded, dim 0 padded to the world size",
+    "resident_and_unsharded": "resident + unsharded",
+    # memory: what is held after a backward or a step
+    "expected_and_twice_unsharded": "the bytes the model implies + 2 x unsharded (parameters, gradients kept beside)",
+    "expected_and_activations": "the bytes the model implies + twice eager's forward peak (a forward's activations)",
     # numerics (checks/numerics/tolerances.py, propagation.py), as the message prints them (3 digits)
     "twin_size": "the 2-norm of the float32 twin's tensor (or update)",
     "eager_distance": "eager's distance from the float32 twin",

@@ -182,6 +182,24 @@ class SavedTensor:
 
 
 @dataclasses.dataclass
+class ForwardHeld:
+    """What the measured forward allocated and left alive, storage by storage, and what holds
+    it (``conformance/rank/held.py``): on the CPU, for PyTorch's parallelism's cells, where no
+    single trace states what a forward keeps."""
+
+    alive: int  # bytes of the storages the forward allocated and left alive
+    # ... of those that the output's autograd graph (the output, every tensor a node saved for
+    # the backward) or the model's registered parameters hold
+    graph: int
+    unheld: list[int]  # the bytes of each storage alive that neither holds
+    # parameter -> bytes of the storages the forward allocated that hold its values (or its
+    # transpose, in its dtype or float32): copies of it, its own registered storage aside
+    copies: dict[str, int]
+    # ... as eager PyTorch's own forward of the unsharded model on the same input leaves them
+    eager_copies: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
 class ModuleInit:
     """Eager PyTorch initializing one module's own tensors as Thunder's materialization does
     (``conformance/rank/module_init.py``): a meta cell's setup is bounded from these."""
@@ -220,7 +238,9 @@ class MemoryRecord:
     include what earlier phases left alive (see ``conformance/rank/measure.Ledger``)."""
 
     peaks: dict[str, int]  # phase -> peak bytes: setup's own; forward, backward, step from the end of setup
-    eager_peaks: dict[str, int]  # setup, forward and backward of the eager model on this rank's input
+    # setup, forward and backward of the eager model on this rank's input, and what its forward
+    # left alive ("alive after forward")
+    eager_peaks: dict[str, int]
     alive_after_setup: int  # every live storage of more than one element right after setup, less the kit's own
     scalars_after_setup: int  # storages only 0-d tensors view, alive then (counted, not summed)
     alive_after_forward: int  # what the measured forward allocated and left alive at its end
@@ -230,6 +250,7 @@ class MemoryRecord:
     step_peaks: list[int]  # each optimizer step's peak over what was held just before it
     eager_step_peaks: list[int]  # the same optimizer's, stepping eager tensors of the shard shapes
     saved: list[SavedTensor | None] | None  # held by the autograd node between forward and backward
+    forward_held: ForwardHeld | None = None  # storage by storage (PyTorch's parallelism's cells, CPU)
     module_inits: list[ModuleInit] = dataclasses.field(default_factory=list)  # meta init only
     loss: LossRegion | None = None  # around the measured backward
     plain: PlainPlan | None = None  # the reference for the forward's plan (cells that do not offload)

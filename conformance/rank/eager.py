@@ -52,14 +52,15 @@ def loss_region(out: torch.Tensor, cotangent: torch.Tensor, device: torch.device
 def eager_peaks(
     eager_model: nn.Module, x: torch.Tensor, cotangent: torch.Tensor, device: torch.device
 ) -> dict[str, int]:
-    """Eager's peaks for this rank's input; gradients are returned, not accumulated, so the
-    eager model's own training is untouched."""
+    """Eager's peaks for this rank's input, and what its forward left alive (the output and
+    what autograd saved); gradients are returned, not accumulated, so the eager model's own
+    training is untouched."""
     with measure(device) as forward:
         out = eager_model(x)
     rank_loss = loss(out, cotangent)
     with measure(device) as backward:
         torch.autograd.grad(rank_loss, [p for p in eager_model.parameters() if p.requires_grad])
-    return {"forward": forward.peak, "backward": backward.peak}
+    return {"forward": forward.peak, "backward": backward.peak, "alive after forward": forward.alive}
 
 
 def unweighable(out: object, expected: torch.Tensor) -> str | None:

@@ -29,6 +29,7 @@ from conformance.rank.plain_jit import plain_plan
 from conformance.rank.scenarios import run_scenario
 from conformance.rank.simulate import run_simulated
 from conformance.rank.train import generator, train
+from fixtures import torch_parallel as tp
 
 # the generator key of the buffer values the state-dict round trip loads (training's are steps)
 _ROUND_TRIP_KEY = 1_000
@@ -71,7 +72,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
     composed = compose(parts, eager_model)
     tm = composed.thunder_module
     progress.at("recording setup")
-    alive_after_setup = measure.census(parts.device, eager_model.kit_pointers())
+    alive_after_setup = measure.census(parts.device, eager_model.kit_pointers() | _bookkeeping(tm))
     setup = record_setup(parts, eager_model, tm, composed.loaded_error)
     progress.at("training")
     breaks = reached.graph_breaks()
@@ -114,10 +115,11 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
             step_peaks=training.step_peaks,
             eager_step_peaks=training.eager_step_peaks,
             saved=training.saved,
+            forward_held=training.forward_held,
             module_inits=eager_model.module_inits,
             loss=training.loss,
             plain=plain,
-            unmeasured=measure.unmeasurable(parts.device, parts.executors, parts.composition),
+            unmeasured=measure.unmeasurable(parts.device, parts.executors),
         ),
         timings={
             "setup_s": composed.setup_s,
@@ -129,6 +131,12 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
         declared=declared,
         reached=compiled,
     )
+
+
+def _bookkeeping(tm: Any) -> set[int]:
+    """Storages PyTorch's parallelism keeps for the world (``UnderTest.bookkeeping``), which the
+    census leaves out with the kit's own; none under Thunder's transforms."""
+    return measure.pointers(*tm.bookkeeping()) if isinstance(tm, tp.UnderTest) else set()
 
 
 def reference_plan(parts: Recipe) -> PlainPlan:

@@ -21,11 +21,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 from conformance.checks.storages import allocated_bytes
-from fixtures.compositions import Composition
 from fixtures.executors import ExecutorChoice
 
 
@@ -47,14 +46,28 @@ class _StorageTracker(TorchDispatchMode):
     """Live bytes of storages that ops allocate on one device while the mode is active.
 
     A storage is new when no input of the op shares it; its free is seen through a weak
-    reference (torch keeps one Python object per storage alive as long as the storage).
+    reference (torch keeps one Python object per storage alive as long as the storage). A
+    wrapper subclass (a DTensor) holds no storage of its own: its inner tensors' count.
+    ``resizes``: storages may also be freed and allocated again in place by resizing them
+    (FSDP2 frees an unsharded parameter with ``untyped_storage().resize_(0)``, which no op
+    dispatches), so every op reads each tracked storage's size again; off, a storage counts
+    the bytes it had when an op made it.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, resizes: bool = False) -> None:
         super().__init__()
         self.device = device
+        self.resizes = resizes
         self.live = self.peak = 0
-        self._refs: dict[int, weakref.ref] = {}
+        self._refs: dict[int, weakref.ref] = {}  # the storage's identity -> a weak reference to it
+        self._counted: dict[int, int] = {}  # ... -> the bytes ``live`` counts for it
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.compile then compiles with the mode off and runs what it built with the mode on
+        # (the default makes Dynamo run a frame op by op): ThunderFX's graphs reach Thunder as
+        # unmeasured, and what Thunder's code calls goes through the dispatcher, seen here
+        return True
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         # only forwards: blame passes over this frame (``blame.INSTRUMENTATION``), so what the op
@@ -65,31 +78,69 @@ class _StorageTracker(TorchDispatchMode):
 
     def _track(self, args: Any, kwargs: Any, out: Any) -> None:
         """Count the storages that the op's outputs newly hold on the device."""
-        inputs = {_pointer(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor) or t.device != self.device:
+        inputs = {storage_identity(t) for t in plain_tensors((args, kwargs))}
+        if self.resizes:
+            self._recount()
+        for t in plain_tensors(out):
+            if t.device != self.device:
                 continue
-            ptr = _pointer(t)
-            if not ptr or ptr in inputs or ptr in self._refs:
+            key = storage_identity(t)
+            if not key or key in inputs or key in self._refs:
                 continue
             storage = t.untyped_storage()
             nbytes = storage.nbytes()
             self.live += nbytes
-            self.peak = max(self.peak, self.live)
-            self._refs[ptr] = weakref.ref(storage, lambda _, ptr=ptr, n=nbytes: self._free(ptr, n))
+            self._counted[key] = nbytes
+            self._refs[key] = weakref.ref(storage, lambda _, key=key: self._free(key))
+        self.peak = max(self.peak, self.live)
 
-    def _free(self, ptr: int, nbytes: int) -> None:
-        self.live -= nbytes
-        self._refs.pop(ptr, None)
+    def _recount(self) -> None:
+        """Read every tracked storage's size again (``resizes``)."""
+        for key, ref in list(self._refs.items()):
+            storage = ref()
+            if storage is None:
+                continue
+            nbytes = storage.nbytes()
+            self.live += nbytes - self._counted[key]
+            self._counted[key] = nbytes
+
+    def read(self) -> int:
+        """What is alive now: sizes read again where storages resize outside ops."""
+        if self.resizes:
+            self._recount()
+        return self.live
+
+    def storages(self) -> dict[int, torch.UntypedStorage]:
+        """Every storage counted and still alive, by identity (``storage_identity``)."""
+        alive = {key: ref() for key, ref in list(self._refs.items())}
+        return {key: storage for key, storage in alive.items() if storage is not None}
+
+    def _free(self, key: int) -> None:
+        self.live -= self._counted.pop(key, 0)
+        self._refs.pop(key, None)
 
 
-def _pointer(t: torch.Tensor) -> int:
-    """The data pointer of ``t``'s storage; 0 where it has none to read (a wrapper subclass's,
-    such as a DTensor's, or a storage FSDP2 freed by resizing it to nothing)."""
+def plain_tensors(tree: Any) -> Iterator[torch.Tensor]:
+    """Every tensor of ``tree`` that holds a storage: a wrapper subclass's inner tensors in
+    its place (a DTensor's local shard)."""
+    for t in tree_flatten(tree)[0]:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if is_traceable_wrapper_subclass(t):
+            names, _ = t.__tensor_flatten__()
+            yield from plain_tensors([getattr(t, n) for n in names])
+        else:
+            yield t
+
+
+def storage_identity(t: torch.Tensor) -> int:
+    """The identity of ``t``'s storage (its StorageImpl, which a resize keeps); 0 where it
+    has none to read or holds no bytes (a storage FSDP2 freed by resizing it to nothing)."""
     try:
-        return t.untyped_storage().data_ptr()
+        storage = t.untyped_storage()
     except RuntimeError:
         return 0
+    return storage._cdata if storage.nbytes() else 0
 
 
 @contextlib.contextmanager
@@ -111,24 +162,23 @@ def measure(device: torch.device, settle: bool = False) -> Iterator[Reading]:
         reading.alive = torch.cuda.memory_allocated(device) - base
         return
     with _StorageTracker(device) as tracker:
-        reading._alive_now = lambda: tracker.live
+        reading._alive_now = tracker.read
         yield reading
         if settle:
             _settle(tracker)
-    reading.peak, reading.alive = tracker.peak, tracker.live
+    reading.peak, reading.alive = tracker.peak, tracker.read()
 
 
-def unmeasurable(device: torch.device, executors: ExecutorChoice, composition: Composition) -> str | None:
-    """Why the Thunder side's training cannot be measured on ``device`` without changing what
-    runs, or None: on the CPU the tracker is a dispatch mode, under which Dynamo runs a frame
-    op by op rather than the graph torch.compile built (for ThunderFX: nothing reaches Thunder)."""
-    parts = ((executors, "executor"), (composition, "composition"))
-    compiled = [f"the {p.name} {kind}" for p, kind in parts if p.compiled]
-    if device.type == "cuda" or not compiled:
+def unmeasurable(device: torch.device, executors: ExecutorChoice) -> str | None:
+    """Why the Thunder side's training cannot be measured on ``device``, or None: on the CPU
+    the tracker is a dispatch mode, which sees what goes through the dispatcher, and the code
+    Inductor generates (Thunder's torchcompile executor) allocates its buffers outside it.
+    ThunderFX's graphs are measured: Thunder runs them, op by op through the dispatcher."""
+    if device.type == "cuda" or not executors.compiled:
         return None
     return (
-        f"{' and '.join(compiled)} run code torch.compile built, which runs only with no dispatch mode "
-        f"active; on {device.type} the kit measures memory through one, so the training phases went unmeasured"
+        f"the {executors.name} executor runs code Inductor generated, which allocates outside the dispatcher; "
+        f"on {device.type} the kit measures memory through a dispatch mode, so the training phases went unmeasured"
     )
 
 
@@ -143,11 +193,11 @@ class Ledger:
     On CUDA the allocator's statistics give the same numbers, as deltas of each phase.
     """
 
-    def __init__(self, device: torch.device, measured: bool = True) -> None:
+    def __init__(self, device: torch.device, measured: bool = True, resizes: bool = False) -> None:
         self.device = device
         self.measured = measured
         self.held = 0  # bytes allocated by the Thunder side and alive now
-        self._tracker = _StorageTracker(device) if device.type != "cuda" else None
+        self._tracker = _StorageTracker(device, resizes) if device.type != "cuda" else None
 
     @contextlib.contextmanager
     def phase(self, settle: bool = False) -> Iterator[Reading]:
@@ -180,7 +230,15 @@ class Ledger:
                 gc.collect(1)
                 _settle(tracker)
         reading.peak = tracker.peak
-        reading.alive = self.held = tracker.live
+        reading.alive = self.held = tracker.read()
+
+    def storages(self) -> dict[int, torch.UntypedStorage] | None:
+        """The storages the Thunder side allocated since the ledger's zero and still holds,
+        by identity; None where no tracker counts storages one by one (CUDA, a blind ledger)."""
+        if not self.measured or self._tracker is None:
+            return None
+        self._tracker.read()
+        return self._tracker.storages()
 
     def read(self, thorough: bool = False) -> int:
         """What is held now (frees since the last phase included). Reference cycles that
@@ -191,7 +249,7 @@ class Ledger:
         if self._tracker is not None:
             gc.collect() if thorough else gc.collect(1)
             _settle(self._tracker)  # gloo's threads may still hold a finished collective's output
-            self.held = self._tracker.live
+            self.held = self._tracker.read()
             return self.held
         # CUDA: the allocator cannot tell the Thunder side's frees from the kit's allocations
         # in between (the eager model's steps), so only what the collection itself releases
@@ -243,9 +301,9 @@ def _settle(tracker: _StorageTracker, step_s: float = 0.002, limit_s: float = 2.
     frees during the pause, which the live bytes then show."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        before = tracker.live
+        before = tracker.read()
         time.sleep(step_s)
-        if tracker.live == before and not gloo_workers_busy():
+        if tracker.read() == before and not gloo_workers_busy():
             return
 
 

@@ -29,6 +29,7 @@ from conformance.rank.eager import (
     rank_gradients,
 )
 from conformance.rank.gather import cpu_copies, snapshot
+from conformance.rank.held import copies_in_eager
 
 
 @dataclasses.dataclass
@@ -67,6 +68,12 @@ class Trained:
         buffers or gradients (the measured step's)."""
         with self.buffers.rank(rank, keep=False):
             return eager_peaks(self.module, self._input(x), self._cotangent(cotangent), device)
+
+    def parameter_copies(self, rank: int, x: torch.Tensor, device: torch.device) -> dict[str, int]:
+        """The parameters its forward on rank ``rank``'s input leaves a copy of alive
+        (``held.copies_in_eager``), leaving no trace on its buffers."""
+        with self.buffers.rank(rank, keep=False):
+            return copies_in_eager(self.module, self._input(x), device)
 
     def gradients(self) -> Tensors:
         """Its accumulated gradients, by name (CPU copies)."""

@@ -22,6 +22,7 @@ from torch import nn
 from conformance.checks.findings import ThunderReturnedWrong
 from conformance.checks.record import (
     MEASURED_STEP,
+    ForwardHeld,
     LossRegion,
     ParametersAfter,
     Replicas,
@@ -30,7 +31,7 @@ from conformance.checks.record import (
 )
 from conformance.checks.storages import distinct_storages
 from conformance.checks.traces import final_traces
-from conformance.rank import progress
+from conformance.rank import held, progress
 from conformance.rank.build import SEED, EagerModel, Recipe
 from conformance.rank.clock import thunder_call
 from conformance.rank.dropout import drawn_masks, replayed
@@ -59,6 +60,7 @@ class Training:
     step_peaks: list[int] = dataclasses.field(default_factory=list)
     eager_step_peaks: list[int] = dataclasses.field(default_factory=list)
     saved: list[SavedTensor | None] | None = None  # held by the autograd node after the measured forward
+    forward_held: ForwardHeld | None = None  # ... storage by storage, under PyTorch's parallelism
     loss: LossRegion | None = None  # around the measured backward
     timings: dict[str, float] = dataclasses.field(default_factory=dict)  # step<i>_s -> seconds
     # the Thunder module's optimizer of the last stage (AdamW), with its state: a scenario
@@ -92,8 +94,11 @@ class _Lockstep:
 
     def __post_init__(self) -> None:
         recipe = self.recipe
-        why = unmeasurable(recipe.device, recipe.executors, recipe.composition)
-        self.ledger = Ledger(recipe.device, measured=why is None)
+        why = unmeasurable(recipe.device, recipe.executors)
+        # FSDP2 frees and re-allocates its unsharded parameters by resizing their storages
+        # FSDP2 frees and re-allocates its unsharded parameters by resizing their storages
+        self.torch_parallel = recipe.composition.parallelism == "torch"
+        self.ledger = Ledger(recipe.device, measured=why is None, resizes=self.torch_parallel)
         # one optimizer-state twin per trainable storage, of the shape this rank holds
         held_world = 1 if self.eager_model.replicated else self.world
         self.shard_twins = _shard_twins(self.eager_model.module, held_world, self.recipe.device)
@@ -117,6 +122,9 @@ class _Lockstep:
         inputs = [self.recipe.fixture.make_input(generator(step, r), dtype).to(device) for r in range(self.world)]
         held_before = ledger.read()
         calls = calls_for(self.recipe.composition)
+        # under PyTorch's parallelism no single trace says what the forward keeps: its storages
+        # are read one by one against what holds them (held.py)
+        storages_before = held.before_forward(ledger) if measured and self.torch_parallel else None
         with ledger.phase(settle=measured) as forward, thunder_call("forward"), counting(calls, "forward"):
             out = tm(inputs[rank])
         masks = None
@@ -126,6 +134,9 @@ class _Lockstep:
                 replay.masks = masks
         if measured:
             training.saved = _saved_tensors(out)
+            training.forward_held = held.forward_held(out, tm.parameters(), ledger, storages_before, self.weights)
+            if training.forward_held is not None:
+                training.forward_held.eager_copies = eager.parameter_copies(rank, inputs[rank], device)
         # the references at the Thunder module's weights copy every rank's buffers as they stand
         # now, before eager's forward of this step updates them
         local = LocalAtThunder.taken(eager, self.weights)

@@ -42,6 +42,11 @@ def replicated(run: CellRecord | SimulatedRecord) -> bool:
     return COMPOSITIONS[run.cell.composition].replicated
 
 
+def pytorch_parallelism(run: CellRecord | SimulatedRecord) -> bool:
+    """Whether PyTorch's FSDP2 or DDP own the cell's collectives (``fixtures/torch_parallel.py``)."""
+    return COMPOSITIONS[run.cell.composition].parallelism == "torch"
+
+
 def held_world(run: CellRecord | SimulatedRecord) -> int:
     """The number of pieces each parameter is cut in on a rank: the world size under FSDP, 1
     (whole tensors, no padding) under DDP, where every term below holds with it."""
@@ -75,8 +80,14 @@ def setup_estimate(run: CellRecord | SimulatedRecord, resident: int) -> int:
     world, device = held_world(run), run.device
     eager_model = run.eager_model
     if replicated(run) and not run.init.on_meta:
-        # DDP cuts nothing: setup is the user's construction, then a broadcast in place
-        return max(run.memory.eager_peaks["setup"], resident)
+        # DDP cuts nothing: setup is the user's construction, then a broadcast in place;
+        # PyTorch's DDP broadcasts rank 0's parameters and buffers flattened into one buffer
+        # (``_sync_module_states``), its buckets already built (in ``resident``)
+        construction = max(run.memory.eager_peaks["setup"], resident)
+        if pytorch_parallelism(run):
+            model = eager_model_bytes(run)
+            return construction + model
+        return construction
     if run.init.on_meta:
         return meta_setup(run, resident).peak
     # then parameter by parameter: a padded copy (where dim 0 needs padding) to cut the shard
@@ -106,13 +117,22 @@ class Terms:
     gradient_shards: int
     adamw_state: int
     handed_over: int  # the state dict the kit handed Thunder (0: none)
-    # DDP with buckets: one flat buffer per bucket, which packing keeps from the first
-    # backward on (0 without buckets, and under FSDP)
+    # DDP with buckets: one flat buffer per bucket, held from step ``buckets_from_step`` on (0
+    # without buckets, and under FSDP): Thunder's DDP packs them in the first backward;
+    # PyTorch's builds them at construction (``setup_buckets``) and rebuilds them once, in the
+    # order the gradients arrived, in the second forward (the first freed: before the ledger's
+    # zero, so it never sees them go)
     gradient_buckets: int = 0
+    buckets_from_step: int = 0
+    setup_buckets: int = 0
 
     @property
     def resident(self) -> int:
-        return self.shards + self.buffers
+        return self.shards + self.buffers + self.setup_buckets
+
+    def buckets_at(self, step: int) -> int:
+        """DDP's buckets the ledger counts during step ``step``'s backward and after it."""
+        return self.gradient_buckets if step >= self.buckets_from_step else 0
 
     def optimizer_state(self, optimizer: str) -> int:
         return self.adamw_state if optimizer == "AdamW" else 0
@@ -138,6 +158,8 @@ def terms(run: CellRecord | SimulatedRecord) -> Terms:
         adamw_state=2 * gradient_shards,
         handed_over=_handed_over_bytes(run),
         gradient_buckets=_gradient_bucket_bytes(run),
+        buckets_from_step=1 if pytorch_parallelism(run) else 0,
+        setup_buckets=_gradient_bucket_bytes(run) if pytorch_parallelism(run) else 0,
     )
 
 
@@ -149,11 +171,25 @@ def _gradient_bucket_bytes(run: CellRecord | SimulatedRecord) -> int:
     bounds their bytes of slack, in which a copy of the largest parameter or a leak per step
     hides. Whether a Thunder packs is the collectives area's finding, never read here."""
     eager_model, bucketing = run.eager_model, run.cell.bucketing
+    if pytorch_parallelism(run):
+        # PyTorch's DDP: every trainable gradient in a flat bucket, whatever the cell's bucketing
+        # (an axis of Thunder's transforms); on CUDA each parameter rounded apart, an upper bound
+        # of the buckets' own blocks
+        if not replicated(run):
+            return 0
+        trainable = distinct_storages(eager_model, trainable_only=True).values()
+        return allocations((p.nbytes for p in trainable), run.device)
     if not replicated(run) or ddp_bucket_mb(eager_model, bucketing) <= 0 or UNBUCKETED in run.declared:
         return 0
     packed = ddp_buckets(eager_model, bucketing)
     sizes = {n: p.numel() * p.element_size() for n, p in eager_model.named_parameters()}
     return allocations((sum(sizes[n] for n in bucket) for bucket in packed), run.device)
+
+
+def eager_model_bytes(run: CellRecord | SimulatedRecord) -> int:
+    """Every parameter storage and buffer of the model, whole (0-d buffers counted apart)."""
+    params = distinct_storages(run.eager_model).values()
+    return sum(p.nbytes for p in params) + sum(_counted(run.eager_model.buffers()))
 
 
 def _handed_over_bytes(run: CellRecord | SimulatedRecord) -> int:
