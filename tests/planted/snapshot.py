@@ -1,7 +1,7 @@
 """Bugs planted in ThunderFX's compiled graphs that hold a snapshot of a parameter, the class
 of ``fully_shard(thunder.jit(block))``'s own bug, caught by the numerics area: a compiled
 graph that reads the values a parameter had when it was first called trains on stale weights
-once the optimizer has stepped."""
+once the optimizer has stepped; and by the memory area, which finds the snapshot held."""
 
 from __future__ import annotations
 
@@ -19,8 +19,14 @@ from tests.planted.record import Expect, planted
 # the least a snapshot can be in time: one optimizer step stale, every parameter a compiled
 # graph reads, its gradient still reaching the parameter (FSDP2's and DDP's collectives are
 # untouched); one parameter alone sits within bfloat16's rounding against the twin
+# the snapshot is also memory: every parameter a graph reads, copied and held from its first call
+# (exact rows, FSDP2's cells; under DDP the pin's entry for torch.compile(DDP)'s kept activations
+# may cover the bytes)
 @planted(
-    {"numerics": Expect(THUNDERFX, words="at step 1 (SGD)")},
+    {
+        "numerics": Expect(THUNDERFX, words="at step 1 (SGD)"),
+        "memory": Expect(OVER_FSDP2, OVER_DDP, words="memory held after backward at step 0"),
+    },
     cells=(OVER_FSDP2, OVER_DDP, JITTED),
     parallelisms=frozenset({"torch"}),
 )
