@@ -30,8 +30,11 @@ class Resumed:
     kind: str  # "full" or "sharded"
     taken: Tensors  # the checkpoint as Thunder gave it (local tensors of DTensors)
     truth: Tensors  # what it must hold, gathered by the kit at the same moment
-    # what thunder.distributed.checkpoint raised taking it (the module's own state dict stood in)
+    # what ``taken_by`` raised taking it (under Thunder's API the module's own state dict stood in)
     api_error: str | None = None
+    # the call that takes it: Thunder's checkpoint API, or torch.distributed.checkpoint's under
+    # PyTorch's parallelism (conformance/rank/scenarios/resume_dcp.py)
+    taken_by: str = "thunder.distributed.checkpoint.get_model_state_dict"
     compared: list[Compared] = dataclasses.field(default_factory=list)
     error: str | None = None  # what Thunder raised saving, loading or resuming (compared ends there)
 

@@ -106,7 +106,7 @@ def judge_resumed(found: Findings, resumed: Resumed, eager_keys: set[str]) -> No
     what = f"{resumed.kind} checkpoint"
     if resumed.api_error is not None:
         kind = resumed.api_error.split(":", 1)[0]
-        call = "thunder.distributed.checkpoint.get_model_state_dict"
+        call = resumed.taken_by
         message = f"{what}: {call} raised {kind}\n{resumed.api_error}"
         found.fail(RAISED, message, dict=what, stage="taken", call=call, raised=kind)
     _entries(found, what, resumed.taken, resumed.truth, set(resumed.truth), eager_keys)

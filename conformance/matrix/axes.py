@@ -112,7 +112,7 @@ def replicated_values(world_size: int, unsupported: Collection[str] = ()) -> dic
 # the scenarios of PyTorch's parallelism so far: training, and after it a no_grad forward,
 # gradient accumulation with the sync skipped as the parallelism offers, a step at a second
 # input shape
-TORCH_PARALLEL_SCENARIOS = ("train", "infer", "accumulate", "reshape")
+TORCH_PARALLEL_SCENARIOS = ("train", "infer", "accumulate", "reshape", "resume")
 
 # PyTorch's parallelism's models in ci and nightly: one without blocks (FSDP2 shards the root
 # alone; tied or not), one with (the benchmark's per-block units: litgpt's transformer blocks)

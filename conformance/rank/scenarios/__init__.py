@@ -18,16 +18,21 @@ from conformance.rank.scenarios.accumulate import accumulate
 from conformance.rank.scenarios.infer import infer
 from conformance.rank.scenarios.reshape import reshape
 from conformance.rank.scenarios.resume import resume
+from conformance.rank.scenarios.resume_dcp import resume_dcp
 
 Scenario = Callable[[Recipe, EagerModel, Any, Any, int, int], ScenarioRecord]
 
 # every value of the axis but ``train`` (training alone: no scenario after it)
 SCENARIOS: dict[str, Scenario] = {"infer": infer, "accumulate": accumulate, "reshape": reshape, "resume": resume}
+# under PyTorch's parallelism (``Composition.parallelism``) a scenario that goes through
+# Thunder's own API goes through PyTorch's instead: its checkpoints are DCP's
+UNDER_TORCH_PARALLELISM: dict[str, Scenario] = {"resume": resume_dcp}
 
 
 def run_scenario(
     name: str, recipe: Recipe, eager_model: EagerModel, tm: Any, optimizer: Any, rank: int, world: int
 ) -> ScenarioRecord | None:
     """The record of scenario ``name`` after training, None for training alone."""
-    scenario = SCENARIOS.get(name)
+    table = {**SCENARIOS, **UNDER_TORCH_PARALLELISM} if recipe.composition.parallelism == "torch" else SCENARIOS
+    scenario = table.get(name)
     return None if scenario is None else scenario(recipe, eager_model, tm, optimizer, rank, world)

@@ -54,7 +54,7 @@ def resume(
 ) -> ScenarioRecord:
     # DDP holds whole parameters: Thunder refuses a sharded checkpoint of it, by design
     kinds = ("full",) if eager_model.replicated else ("full", "sharded")
-    directory = _shared_directory()
+    directory = shared_directory()
     try:
         resumed = [
             _round_trip(kind, recipe, eager_model, tm, optimizer, rank, world, directory / kind) for kind in kinds
@@ -63,7 +63,7 @@ def resume(
         dist.barrier()
         if rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
-    on_rank0 = rank0_only(recipe, eager_model, tm, _truth("full", eager_model, tm, rank, world), rank, world)
+    on_rank0 = rank0_only(recipe, eager_model, tm, truth_of("full", eager_model, tm, rank, world), rank, world)
     return ScenarioRecord("resume", resumed=resumed, rank0_only=on_rank0)
 
 
@@ -74,7 +74,7 @@ def _round_trip(
 
     full = kind == "full"
     options = StateDictOptions(full_state_dict=full, cpu_offload=True)
-    truth = _truth(kind, eager_model, tm, rank, world)
+    truth = truth_of(kind, eager_model, tm, rank, world)
     try:
         taken, api_error = _take(tm, options, rank)
     except Exception as exc:  # the module's own state dict method raised too
@@ -85,7 +85,7 @@ def _round_trip(
     record = Resumed(kind, taken=held, truth=truth, api_error=api_error)
     # a buffer the ranks hold differently (running statistics of each rank's own batches): a
     # full checkpoint holds one value of it, which every rank then loads and goes on from
-    unlike = _unlike_on_ranks(tm) if full else set()
+    unlike = unlike_on_ranks(tm) if full else set()
     try:
         fresh = compose(recipe, eager_model).thunder_module
         # the fresh module's optimizer first, made as training makes it: loading must write
@@ -98,24 +98,43 @@ def _round_trip(
         load_model_state_dict(template, fresh, options, rank)
         optimizers[0].load_state_dict(_optimizer_round_trip(optimizer, path, rank))
         loaded = {n: t.cpu() for n, t in template.items() if n in unlike}
-        record.compared += _moment("after loading", eager_model, fresh, tm, loaded=loaded)
-        states = (_optimizer_state(o, m) for o, m in zip(optimizers, (fresh, tm), strict=True))
-        record.compared.append(Compared("optimizer state after loading", *states))
-        model = copy.deepcopy(eager_model.module)  # for the cotangents' shapes: its buffers are its own
-        for k in range(RESUME_STEPS):
-            batch = Batch.draw(recipe.fixture.make_input, recipe, model, AFTER_TRAINING + k, world)
-            outputs = [_forward_backward(m, batch, rank) for m in (fresh, tm)]
-            record.compared.append(Compared(f"output at resumed step {k}", *outputs))
-            grads = [eager_model.gather(m, grads=True) for m in (fresh, tm)]
-            record.compared.append(Compared(f"gradients at resumed step {k}", *grads))
-            for opt in optimizers:
-                with thunder_call():
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-            record.compared += _moment(f"after resumed step {k}", eager_model, fresh, tm, unlike=unlike)
+        resumed_beside(record, recipe, eager_model, (fresh, tm), optimizers, loaded, unlike, rank, world)
     except Exception as exc:  # Thunder's own calls: what it raises is a finding, not the end of the cell
         record.error = f"{type(exc).__name__}: {exc}"
     return record
+
+
+def resumed_beside(
+    record: Resumed,
+    recipe: Recipe,
+    eager_model: EagerModel,
+    modules: tuple[Any, Any],
+    optimizers: list[Any],
+    loaded: Tensors,
+    unlike: set[str],
+    rank: int,
+    world: int,
+) -> None:
+    """The module resumed from the checkpoint beside the uninterrupted one (``modules``, each
+    with its optimizer, in that order): their weights, buffers and optimizer state after
+    loading, then every output, gradient and weight of ``RESUME_STEPS`` AdamW steps on the same
+    batches, appended to ``record``. What a call raises propagates (the caller records it)."""
+    fresh, tm = modules
+    record.compared += _moment("after loading", eager_model, fresh, tm, loaded=loaded)
+    states = (optimizer_state(o, m) for o, m in zip(optimizers, modules, strict=True))
+    record.compared.append(Compared("optimizer state after loading", *states))
+    model = copy.deepcopy(eager_model.module)  # for the cotangents' shapes: its buffers are its own
+    for k in range(RESUME_STEPS):
+        batch = Batch.draw(recipe.fixture.make_input, recipe, model, AFTER_TRAINING + k, world)
+        outputs = [_forward_backward(m, batch, rank) for m in modules]
+        record.compared.append(Compared(f"output at resumed step {k}", *outputs))
+        grads = [eager_model.gather(m, grads=True) for m in modules]
+        record.compared.append(Compared(f"gradients at resumed step {k}", *grads))
+        for opt in optimizers:
+            with thunder_call():
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        record.compared += _moment(f"after resumed step {k}", eager_model, fresh, tm, unlike=unlike)
 
 
 def _take(tm: Any, options: Any, rank: int) -> tuple[Tensors, str | None]:
@@ -130,7 +149,7 @@ def _take(tm: Any, options: Any, rank: int) -> tuple[Tensors, str | None]:
         return cpu_copies(own.items()), f"{type(exc).__name__}: {exc}"
 
 
-def _truth(kind: str, eager_model: EagerModel, tm: Any, rank: int, world: int) -> Tensors:
+def truth_of(kind: str, eager_model: EagerModel, tm: Any, rank: int, world: int) -> Tensors:
     """What a checkpoint of ``kind`` must hold now: the parameters the kit gathers (this rank's
     shard of each for a sharded one) and the buffers, under the eager state dict's names."""
     names = set(eager_model.module.state_dict())
@@ -149,14 +168,18 @@ def _optimizer_round_trip(optimizer: Any, path: Path, rank: int) -> dict[str, An
     return torch.load(file, weights_only=True)
 
 
-def _optimizer_state(optimizer: Any, module: Any) -> Tensors:
+def optimizer_state(optimizer: Any, module: Any) -> Tensors:
     """CPU copies of an optimizer's state, "<parameter> <key>" (e.g. "fc1.weight exp_avg_sq",
-    "fc1.weight step") by the module's names for the parameters it steps."""
+    "fc1.weight step") by the module's names for the parameters it steps; a DTensor's (FSDP2's
+    moments) as this rank's local shard."""
+    from torch.distributed.tensor import DTensor
+
     names = {id(p): n for n, p in module.named_parameters()}
     state = {}
     for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"]):
         for key, value in optimizer.state.get(p, {}).items():
-            state[f"{names.get(id(p), f'parameter {i}')} {key}"] = torch.as_tensor(value).detach().cpu().clone()
+            value = value.to_local() if isinstance(value, DTensor) else torch.as_tensor(value)
+            state[f"{names.get(id(p), f'parameter {i}')} {key}"] = value.detach().cpu().clone()
     return state
 
 
@@ -166,7 +189,7 @@ def _clones(state: dict[str, Any]) -> dict[str, Any]:
     return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
-def _shared_directory() -> Path:
+def shared_directory() -> Path:
     """A directory every rank sees (one machine), made by rank 0."""
     name = [tempfile.mkdtemp(prefix="kit-resume-") if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(name, src=0)
@@ -231,7 +254,7 @@ def _moment(
     return [Compared(f"weights {when}", *weights), Compared(f"buffers {when}", resumed, uninterrupted)]
 
 
-def _unlike_on_ranks(tm: Any) -> set[str]:
+def unlike_on_ranks(tm: Any) -> set[str]:
     """Names of the buffers whose value is not the same on every rank."""
     mine = cpu_copies(tm.named_buffers())
     every = on_every_rank(mine)
