@@ -295,5 +295,6 @@ def test_ci_carries_pytorch_parallelism_in_an_array_of_its_own() -> None:
             if valid({"composition": comp, axis: v})
         }
         assert wanted <= met, (axis, sorted(wanted - met))
-    assert {c.scenario for c in family} == set(values["scenario"]) == {"train", "infer", "accumulate", "reshape"}
+    scenarios = {"train", "infer", "accumulate", "reshape", "resume"}
+    assert {c.scenario for c in family} == set(values["scenario"]) == scenarios
     assert {c.init for c in family if COMPOSITIONS[c.composition].replicated} == {"real"}
