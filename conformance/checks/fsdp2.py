@@ -45,10 +45,16 @@ def managed(model: torch.nn.Module) -> list[list[torch.Tensor]]:
     return out
 
 
+def gathered_units(model: torch.nn.Module, world_size: int) -> list[list[int]]:
+    """Per unit that manages any storage, innermost first, the padded bytes of each storage
+    its all-gather produces."""
+    return [[padded_bytes(p, world_size) for p in storages] for storages in managed(model) if storages]
+
+
 def expected(model: torch.nn.Module, sharding: str, world_size: int) -> dict[str, dict[str, Expected]]:
     """Phase -> kind -> what a training step issues at the process group (kinds not named: none)."""
     units_storages = managed(model)
-    gathered = [sum(padded_bytes(p, world_size) for p in storages) for storages in units_storages if storages]
+    gathered = [sum(unit) for unit in gathered_units(model, world_size)]
     reduced = [
         sum(padded_bytes(p, world_size) for p in storages if p.requires_grad)
         for storages in units_storages

@@ -96,7 +96,6 @@ class _Lockstep:
         recipe = self.recipe
         why = unmeasurable(recipe.device, recipe.executors)
         # FSDP2 frees and re-allocates its unsharded parameters by resizing their storages
-        # FSDP2 frees and re-allocates its unsharded parameters by resizing their storages
         self.torch_parallel = recipe.composition.parallelism == "torch"
         self.ledger = Ledger(recipe.device, measured=why is None, resizes=self.torch_parallel)
         # one optimizer-state twin per trainable storage, of the shape this rank holds

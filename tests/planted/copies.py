@@ -9,9 +9,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from tests.planted.compiled import JITTED, THUNDERFX
+from tests.planted.patching import each_compiled_graph
 from tests.planted.process_group import OVER_DDP, OVER_FSDP2
 from tests.planted.record import Expect, planted
 
@@ -29,7 +28,6 @@ def thunderfx_graph_saves_a_parameter_copy() -> Iterator[None]:
     parameter it reads (not constant), freed when its backward runs: the values, the
     gradients and the collectives are untouched."""
     import torch
-    from thunder.dynamo import compiler
 
     class Keep(torch.autograd.Function):
         @staticmethod
@@ -41,18 +39,11 @@ def thunderfx_graph_saves_a_parameter_copy() -> Iterator[None]:
         def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
             return None, grad
 
-    original = compiler._splitter
-
-    def _splitter(gm: Any, *args: Any, **kwargs: Any) -> Any:
-        split, info = original(gm, *args, **kwargs)
-
-        def saving(*inputs: Any) -> Any:
+    def saving(split: Any) -> Any:
+        def call(*inputs: Any) -> Any:
             out = split(*inputs)
-            params = [
-                t
-                for t in inputs
-                if isinstance(t, torch.nn.Parameter) and t.numel() > 1 and bool((t != t.flatten()[0]).any())
-            ]
+            params = [t for t in inputs if isinstance(t, torch.nn.Parameter) and t.numel() > 1]
+            params = [t for t in params if bool((t != t.flatten()[0]).any())]
             if not params or not isinstance(out, (tuple, list)):
                 return out
             copy = min(params, key=lambda t: t.numel()).detach().clone()
@@ -63,8 +54,7 @@ def thunderfx_graph_saves_a_parameter_copy() -> Iterator[None]:
                     break
             return type(out)(outs)
 
-        return saving, info
+        return call
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(compiler, "_splitter", _splitter)
+    with each_compiled_graph(saving):
         yield

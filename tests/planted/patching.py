@@ -31,6 +31,24 @@ def thunder_steps(after: Callable[[Any, Any], None] | None = None) -> Iterator[l
 
 
 @contextlib.contextmanager
+def each_compiled_graph(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """Every graph ThunderFX compiles from here on runs as ``wrap(graph)``: the wrapper sees
+    each call's inputs and returns what the call returns (ThunderFX's split graph, its
+    report of what reached Thunder untouched)."""
+    from thunder.dynamo import compiler
+
+    original = compiler._splitter
+
+    def _splitter(gm: Any, *args: Any, **kwargs: Any) -> Any:
+        split, info = original(gm, *args, **kwargs)
+        return wrap(split), info
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(compiler, "_splitter", _splitter)
+        yield
+
+
+@contextlib.contextmanager
 def smallest_gradient_reduced_upcast(transform_path: str, parallel_type: str) -> Iterator[None]:
     """Thunder's backward rule of ``synchronize`` (the gradient's reduction: FSDP's
     reduce-scatter, DDP's all-reduce) upcasts a low-precision gradient to float32 before

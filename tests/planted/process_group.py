@@ -7,10 +7,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from tests.planted.cells import Pred
 from tests.planted.compiled import JITTED, THUNDERFX
+from tests.planted.patching import each_compiled_graph
 from tests.planted.record import Expect, planted
 
 OVER_FSDP2: Pred = lambda cell: cell.composition == "thunderfx_fsdp2"  # noqa: E731
@@ -30,19 +29,13 @@ def thunderfx_syncs_every_call() -> Iterator[None]:
     call (a consistency check between ranks, left in): the model trains exactly as eager does,
     and each forward issues one collective more than FSDP2's own."""
     import torch
-    from thunder.dynamo import compiler
 
-    original = compiler._splitter
-
-    def _splitter(gm: Any, *args: Any, **kwargs: Any) -> Any:
-        split, info = original(gm, *args, **kwargs)
-
-        def synced(*inputs: Any) -> Any:
+    def synced(split: Any) -> Any:
+        def call(*inputs: Any) -> Any:
             torch.distributed.all_reduce(torch.zeros(1))
             return split(*inputs)
 
-        return synced, info
+        return call
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(compiler, "_splitter", _splitter)
+    with each_compiled_graph(synced):
         yield

@@ -9,9 +9,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from tests.planted.compiled import JITTED, THUNDERFX
+from tests.planted.patching import each_compiled_graph
 from tests.planted.process_group import OVER_DDP, OVER_FSDP2
 from tests.planted.record import Expect, planted
 
@@ -36,15 +35,11 @@ def thunderfx_graph_keeps_first_parameter_values() -> Iterator[None]:
     call and computes with those ever after; the gradients still flow to the parameters. Step 0
     is exact; from step 1 the forward runs one optimizer step behind."""
     import torch
-    from thunder.dynamo import compiler
 
-    original = compiler._splitter
-
-    def _splitter(gm: Any, *args: Any, **kwargs: Any) -> Any:
-        split, info = original(gm, *args, **kwargs)
+    def stale(split: Any) -> Any:
         held: dict[int, torch.Tensor] = {}
 
-        def stale(*inputs: Any) -> Any:
+        def call(*inputs: Any) -> Any:
             inputs = list(inputs)
             for i, t in enumerate(inputs):
                 if isinstance(t, torch.nn.Parameter):
@@ -53,8 +48,7 @@ def thunderfx_graph_keeps_first_parameter_values() -> Iterator[None]:
                         inputs[i] = t + (first - t).detach()
             return split(*inputs)
 
-        return stale, info
+        return call
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(compiler, "_splitter", _splitter)
+    with each_compiled_graph(stale):
         yield

@@ -65,6 +65,7 @@ from conformance.checks.findings import Failure, Findings
 from conformance.checks.memory.against_plan import along_the_plan, saved_against_plain_jit
 from conformance.checks.memory.arithmetic import (
     Terms,
+    eager_peak,
     late_release,
     meta_setup,
     pytorch_parallelism,
@@ -103,30 +104,23 @@ def check(run: CellRecord) -> Findings:
 
     held = _held_after_steps(run, model, found)
     if pytorch_parallelism(run):  # no single trace states what the forward keeps: storage by storage
-        held_after_forward(run, found)
-        for phase, bound in peak_bounds(run, ACTIVATION_FACTOR).items():
+        held_after_forward(run, model, found)
+        for phase, bound in peak_bounds(run, model, ACTIVATION_FACTOR).items():
             _bounded(found, phase, memory.peaks[phase], bound, estimate=None)
         return found
-    eager = memory.eager_peaks
-    activations = _activations(run)
+    activations = eager_peak(run, "forward")
     copies = allocations(
         (s.nbytes for s in memory.saved or [] if s is not None and s.offloaded and s.device == str(run.device)),
         run.device,
     )
     forward = model.unsharded + ACTIVATION_FACTOR * activations + copies + late_release(run)
-    backward = forward + eager.get("float32 backward", eager["backward"])
+    backward = forward + eager_peak(run, "backward")
     traces = run.traces.by_phase()
     _held_after_forward(run, model, traces.get("forward"), found)
     planned = along_the_plan(run, traces, found)
     for phase, bound in (("forward", forward), ("backward", backward)):
         _bounded(found, phase, memory.peaks[phase], held + bound, estimate=planned.get(phase))
     return found
-
-
-def _activations(run: CellRecord) -> int:
-    """Eager's forward peak on the rank's input (the float32 twin's below float32)."""
-    eager = run.memory.eager_peaks
-    return eager.get("float32 forward", eager["forward"])
 
 
 def check_simulated(run: SimulatedRecord) -> Findings:
@@ -294,7 +288,7 @@ def _held_after_steps(run: CellRecord, model: Terms, found: Findings) -> int:
                 # what a known non-conformance may add: the model's parameters unsharded and
                 # their gradients kept beside (a snapshot), or the activations of a forward
                 "expected_and_twice_unsharded": expected + 2 * model.unsharded,
-                "expected_and_activations": expected + ACTIVATION_FACTOR * _activations(run),
+                "expected_and_activations": expected + ACTIVATION_FACTOR * eager_peak(run, "forward"),
             }
             with found.expect("memory.held", f"memory held {when} at step {k} ({optimizer})", derived, **where):
                 assert got is not None, "not measured"

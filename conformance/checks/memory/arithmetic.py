@@ -47,6 +47,13 @@ def pytorch_parallelism(run: CellRecord | SimulatedRecord) -> bool:
     return COMPOSITIONS[run.cell.composition].parallelism == "torch"
 
 
+def eager_peak(run: CellRecord, phase: str) -> int:
+    """Eager's peak of ``phase`` ("forward", "backward") on the rank's input, the float32
+    twin's below float32 (Thunder computes low-precision chains in float32)."""
+    eager = run.memory.eager_peaks
+    return eager.get(f"float32 {phase}", eager[phase])
+
+
 def held_world(run: CellRecord | SimulatedRecord) -> int:
     """The number of pieces each parameter is cut in on a rank: the world size under FSDP, 1
     (whole tensors, no padding) under DDP, where every term below holds with it."""
@@ -143,6 +150,7 @@ def terms(run: CellRecord | SimulatedRecord) -> Terms:
     # one gradient shard per trainable storage (on CUDA a block each; views of one reduce-
     # scattered bucket round up less, so this stays an upper bound)
     gradient_shards = shard_bytes(eager_model, world, device, trainable_only=True)
+    buckets, torch_ddp = _gradient_bucket_bytes(run), pytorch_parallelism(run)
     return Terms(
         shards=shard_bytes(eager_model, world, device),
         buffers=allocations(_counted(eager_model.buffers()), device),
@@ -157,9 +165,9 @@ def terms(run: CellRecord | SimulatedRecord) -> Terms:
         # CUDA; on CPU they are 0-d, counted apart rather than summed
         adamw_state=2 * gradient_shards,
         handed_over=_handed_over_bytes(run),
-        gradient_buckets=_gradient_bucket_bytes(run),
-        buckets_from_step=1 if pytorch_parallelism(run) else 0,
-        setup_buckets=_gradient_bucket_bytes(run) if pytorch_parallelism(run) else 0,
+        gradient_buckets=buckets,
+        buckets_from_step=1 if torch_ddp else 0,
+        setup_buckets=buckets if torch_ddp else 0,
     )
 
 

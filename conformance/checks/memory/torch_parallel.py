@@ -26,10 +26,10 @@ forward has no single trace that states what it keeps, so it is read storage by 
 from __future__ import annotations
 
 from conformance.checks.findings import Findings
-from conformance.checks.fsdp2 import managed
-from conformance.checks.memory.arithmetic import GLOO_THREADS, replicated, terms
+from conformance.checks.fsdp2 import gathered_units
+from conformance.checks.memory.arithmetic import GLOO_THREADS, Terms, eager_peak, replicated
 from conformance.checks.record import MEASURED_STEP, CellRecord
-from conformance.checks.storages import allocations, padded_bytes
+from conformance.checks.storages import allocations
 
 
 def units(run: CellRecord) -> list[int]:
@@ -37,42 +37,35 @@ def units(run: CellRecord) -> list[int]:
     rank's device (each parameter its own allocation, as FSDP2 copies them out); none under DDP."""
     if replicated(run):
         return []
-    world = run.cell.world_size
-    return [
-        allocations((padded_bytes(p, world) for p in storages), run.device)
-        for storages in managed(run.eager_model)
-        if storages
-    ]
+    return [allocations(unit, run.device) for unit in gathered_units(run.eager_model, run.cell.world_size)]
 
 
-def rebuilt_buckets(run: CellRecord) -> int:
+def rebuilt_buckets(model: Terms) -> int:
     """DDP's buckets PyTorch's DDP rebuilds in the measured step's forward (``arithmetic.Terms``):
     held by its reducer, not by the autograd graph."""
-    model = terms(run)
     return model.gradient_buckets if model.buckets_from_step == MEASURED_STEP else 0
 
 
-def peak_bounds(run: CellRecord, activation_factor: int) -> dict[str, int]:
+def peak_bounds(run: CellRecord, model: Terms, activation_factor: int) -> dict[str, int]:
     """The forward's and the backward's bounds, over what the rank held when the measured step
     began (as measured: what it holds beyond the model is the held rows' to judge)."""
     gathered = units(run)
     largest = max(gathered, default=0)
     late = GLOO_THREADS if run.backend == "gloo" else 0
-    eager = run.memory.eager_peaks
-    activations = activation_factor * eager.get("float32 forward", eager["forward"])
-    forward = sum(gathered) + (1 + late) * largest + rebuilt_buckets(run) + activations
-    backward = forward + eager.get("float32 backward", eager["backward"]) + largest
+    activations = activation_factor * eager_peak(run, "forward")
+    forward = sum(gathered) + (1 + late) * largest + rebuilt_buckets(model) + activations
+    backward = forward + eager_peak(run, "backward") + largest
     held = run.memory.held_before_forward
     return {"forward": held + forward, "backward": held + backward}
 
 
-def held_after_forward(run: CellRecord, found: Findings) -> None:
+def held_after_forward(run: CellRecord, model: Terms, found: Findings) -> None:
     """The forward's storages against what holds them, and no copy of a parameter among them."""
     held = run.memory.forward_held
     if held is None:  # CUDA: the allocator counts bytes, not storages
         found.metrics["not judged"] = "what the forward left alive: storages are read one by one on the CPU only"
         return
-    rebuilt = rebuilt_buckets(run)
+    rebuilt = rebuilt_buckets(model)
     # as Thunder's cells report it (measured, estimate, bound), the estimate here what the
     # autograd graph and the registered parameters hold
     found.metrics["held after forward"] = {

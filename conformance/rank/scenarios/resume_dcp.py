@@ -22,6 +22,7 @@ import torch.distributed as dist
 from conformance.checks.checkpoint_record import Resumed
 from conformance.checks.record import ScenarioRecord
 from conformance.rank.build import EagerModel, Recipe, compose
+from conformance.rank.gather import cpu_copies
 from conformance.rank.scenarios.resume import resumed_beside, shared_directory, truth_of, unlike_on_ranks
 from fixtures.optimizers import OPTIMIZERS
 
@@ -81,10 +82,5 @@ def _whole(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     with the same keys in the same order, as DCP's state dicts have them)."""
     from torch.distributed.tensor import DTensor
 
-    out = {}
-    for name, value in state.items():
-        if isinstance(value, DTensor):
-            value = value.full_tensor()
-        if isinstance(value, torch.Tensor):
-            out[name] = value.detach().cpu().clone()
-    return out
+    tensors = ((n, v) for n, v in state.items() if isinstance(v, torch.Tensor))
+    return cpu_copies((n, v.full_tensor() if isinstance(v, DTensor) else v) for n, v in tensors)
