@@ -10,10 +10,10 @@ stderr).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from conformance.reports import json_text
 from conformance.reports.comparison import UnreadableReport, compare, read_report
 from conformance.reports.comparison_markdown import markdown
 from conformance.reports.history import history_figure, nights
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(text)
     if args.json is not None:
-        args.json.write_text(json.dumps(comparison.to_json(), indent=2))
+        args.json.write_text(json_text.dumps(comparison.to_json(), indent=2))
     return 1 if comparison.regressions else 0
 
 

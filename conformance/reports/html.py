@@ -11,11 +11,11 @@ data: images, so the page works from disk and as a CI artifact and cannot leak t
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Callable
 from typing import Any
 
 from conformance.matrix.cells import AXES, axis_value
+from conformance.reports import json_text
 from conformance.reports.outcomes import MARKS, excuse, triage_line
 from conformance.reports.page_assets import REPORT_SCRIPT, STYLE
 
@@ -85,7 +85,7 @@ def repro_line(item: dict[str, Any]) -> str | None:
 
 def embedded_json(value: Any) -> str:
     """JSON that cannot end its <script> early: every '<' escaped (JSON.parse reads it back)."""
-    return json.dumps(value, separators=(",", ":")).replace("<", "\\u003c")
+    return json_text.dumps(value, separators=(",", ":")).replace("<", "\\u003c")
 
 
 def document(title: str, body: str, script: str = "") -> str:

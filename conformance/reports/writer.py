@@ -25,7 +25,7 @@ from conformance.matrix.cells import Cell
 from conformance.matrix.contract import unmet_contract
 from conformance.matrix.coverage import coverage, unmet_pairs
 from conformance.matrix.profiles import cells as profile_cells
-from conformance.reports import coverage_map, environment
+from conformance.reports import coverage_map, environment, json_text
 from conformance.reports.comparison import VANISHED, Comparison, ItemChange, compare, read_report
 from conformance.reports.comparison_markdown import markdown
 from conformance.reports.figures import memory_figure
@@ -108,7 +108,7 @@ class Reporter:
             # when the item ended, from the run's start: how soon a run told of each verdict
             rec["ended_s"] = time.time() - self.started
             with self.jsonl.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
+                f.write(json_text.dumps(rec) + "\n")
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -177,12 +177,12 @@ class Reporter:
                         f"exit status 1: {len(lost)} items of {cells} cells lost a capability over the baseline "
                         f"(summary.md: Capability lost)"
                     )
-        _whole(self.dir / "report.json", json.dumps(report, indent=2))
+        _whole(self.dir / "report.json", json_text.dumps(report, indent=2))
         figure = "memory.png" if memory_figure(report, self.dir / "memory.png") else None
         scale = "scale.png" if scale_figure(report, self.dir / "scale.png") else None
         text = summary(report, self.session.repro, figure, scale)
         if comparison is not None:
-            _whole(self.dir / "compare.json", json.dumps(comparison.to_json(), indent=2))
+            _whole(self.dir / "compare.json", json_text.dumps(comparison.to_json(), indent=2))
             note = PART_OF_SUITE if not self.whole_run else STOPPED if stopped else None
             text = text.rstrip("\n") + "\n\n" + markdown(comparison, note=note)
         _whole(self.dir / "summary.md", text)

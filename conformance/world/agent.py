@@ -209,6 +209,8 @@ class Agent:
                     alive, status = procs.process_state(pid)
                     if not alive:
                         del mine[rank]
+                        if status is None:  # torchrun reaped it first: its log tells how it ended
+                            status = procs.reaped_status(part.folder / "torchrun.log", pid)
                         account = f"{procs.describe_exit(status)} on {self.node}"
                         tail = procs.tail(part.folder / f"rank{rank}.log")
                         result = protocol.RankResult(rank, protocol.DIED, error=account, log_tail=tail)

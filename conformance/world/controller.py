@@ -200,7 +200,7 @@ class World:
             now = time.monotonic()
             states = {r: procs.process_state(self._pids[r]) for r in pending if r in self._pids}
             dead = {
-                r: protocol.RankResult(r, protocol.DIED, error=procs.describe_exit(status))
+                r: protocol.RankResult(r, protocol.DIED, error=procs.describe_exit(self._exit_status(r, status)))
                 for r, (alive, status) in states.items()
                 if not alive
             }
@@ -239,6 +239,14 @@ class World:
                 r.duration = r.duration or duration
                 r.log_tail = r.log_tail or self._log_tail(r)
         return Outcome([results[r] for r in range(self.size)], duration, 0.0)
+
+    def _exit_status(self, rank: int, status: int | None) -> int | None:
+        """A dead rank's wait status; where torchrun reaped it first, as torchrun's log tells it.
+        A rank forked by the zygote is the zygote's to reap, and torchrun's log names its stub:
+        no account to wait for."""
+        if status is not None or self._dir is None or self.spec.zygote is not None:
+            return status
+        return procs.reaped_status(self._dir / "torchrun.log", self._pids[rank])
 
     def _grace(self, pending: list[int]) -> float:
         """How long ranks may run on after a peer failed: while another node's ranks are pending,

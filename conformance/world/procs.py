@@ -7,6 +7,7 @@ which watches the ranks on its node for a controller that cannot read that node'
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -20,6 +21,12 @@ FIRST_PAUSE_S = 0.001
 LONGEST_PAUSE_S = 0.05
 LOG_TAIL_CHARS = 4000
 STACK_WAIT_S = 2.0
+# torchrun reaps a dead rank within its monitor interval (launch.py: 2 s), and on a loaded
+# machine before a watcher looks: its own log then says how the rank ended, once it has closed
+# the others. Its two forms: "failed (exitcode: -9) local_rank: 1 (pid: 4242) of binary: ..."
+# and ChildFailedError's table, "exitcode  : -9 (pid: 4242)" (negative: the signal's number).
+TORCHRUN_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)\)?\s*(?:local_rank:\s*\d+\s*)?\(pid:\s*(\d+)\)")
+TORCHRUN_ACCOUNT_WAIT_S = 5.0
 
 
 def pauses() -> Iterator[float]:
@@ -113,6 +120,20 @@ def stopped(pid: int, *, traced: bool = True) -> bool:
             return f.read().rpartition(")")[2].split()[0] in (("T", "t") if traced else ("T",))
     except (OSError, IndexError):  # gone, or no /proc (macOS): not known to be stopped
         return False
+
+
+def reaped_status(torchrun_log: Path, pid: int, wait_s: float = TORCHRUN_ACCOUNT_WAIT_S) -> int | None:
+    """The wait status of ``pid``, which torchrun reaped before anyone else saw it, as
+    torchrun's log tells it (waiting up to ``wait_s`` for the line); None where it never does."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for code, logged in TORCHRUN_EXIT.findall(tail(torchrun_log, 4 * LOG_TAIL_CHARS)):
+            if int(logged) == pid:
+                code = int(code)
+                return -code & 0x7F if code < 0 else (code & 0xFF) << 8
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
 
 
 def describe_exit(status: int | None) -> str:

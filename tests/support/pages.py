@@ -56,7 +56,8 @@ def repro(item_id: str) -> str:
 
 
 def failing(report: dict[str, Any]) -> dict[str, Any]:
-    """``report`` with the DDP cell's numerics failing on both ranks (findings, repro), its
+    """``report`` with the DDP cell's numerics failing on both ranks (findings, repro, metrics
+    of NaN and infinity), its
     memory item failing after rank 1 died (the log tail in the message), and the NEOX cell's
     backward peak grown by a KiB (a metric beyond noise)."""
     report = copy.deepcopy(report)
@@ -66,6 +67,9 @@ def failing(report: dict[str, Any]) -> dict[str, Any]:
     head = f"{DDP} does not conform (numerics):\n  ranks [0, 1]: {FINDING}"
     numerics["message"] = f"{head}\nrepro: {repro(numerics['id'])}"
     numerics["known_elsewhere_only"] = True  # as if an entry for another Thunder version explained it
+    # what a state dict of NaN measures: no page or file may write it as JSON's non-standard Infinity
+    numerics["metrics"]["state dict max_abs_err"] = float("inf")
+    numerics["metrics"]["state dict mean"] = float("nan")
     memory = item(report, DDP, "memory")
     memory["outcome"] = "failed"
     memory["ranks"][1]["status"] = "died"

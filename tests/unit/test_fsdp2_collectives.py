@@ -45,7 +45,7 @@ def _train_one_step(rank: int, world: int, store: str, out: str) -> None:
     try:
         issued = []
         for name, tied, sharding in CASES[world]:
-            model = _fully_shard(_model(name, tied), torch.device("cpu"), sharding == "zero3")
+            model, _ = _fully_shard(_model(name, tied), torch.device("cpu"), sharding == "zero3")
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             x = fixture_for(name).make_input(torch.Generator().manual_seed(rank), torch.float32)
             calls: list[Issued] = []

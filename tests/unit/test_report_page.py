@@ -20,8 +20,17 @@ from tests.support.suite_runs import ROOT
 DATA = re.compile(r'<script type="application/json" id="data">(.*?)</script>', re.S)
 
 
+def strict(text: str) -> object:
+    """JSON as a browser or jq reads it: Python's NaN and Infinity refused."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def embedded(text: str) -> dict:
-    return json.loads(DATA.search(text).group(1))
+    return strict(DATA.search(text).group(1))
 
 
 def external_references(text: str) -> list[str]:
@@ -87,6 +96,11 @@ def test_the_writer_writes_the_page_with_the_runs_repro(tmp_path: Path) -> None:
     data = embedded((tmp_path / "report.html").read_text())
     passed = next(i for i in data["items"] if i["outcome"] == "passed" and "cell" in i)
     assert passed["repro"] == session.repro(passed["id"])
+    # a non-finite metric is written as its string, in the report and the page alike
+    report = strict((tmp_path / "report.json").read_text())
+    numerics = next(i for i in report["cells"] if i["outcome"] == "failed" and i["area"] == "numerics")
+    assert numerics["metrics"]["state dict max_abs_err"] == "inf" and numerics["metrics"]["state dict mean"] == "nan"
+    assert next(i for i in data["items"] if i["id"] == numerics["id"])["metrics"]["state dict max_abs_err"] == "inf"
 
 
 def test_the_dashboard_shows_the_planted_runs_regressions_alone(tmp_path: Path, capsys) -> None:

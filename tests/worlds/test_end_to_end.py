@@ -197,9 +197,15 @@ def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
             policy = cell["axes"]["offload"]
             offloading[policy] = max(offloading[policy], metrics["offloaded"]["actual"])
         if cell["area"] == "memory":
+            # Thunder's plan (an estimate, a walk along it) exists where Thunder's own transform
+            # shards; under PyTorch's parallelism the bounds alone, from FSDP2's and DDP's design
+            planned = COMPOSITIONS[cell["axes"]["composition"]].parallelism != "torch"
             for phase in ("setup", "forward", "backward"):
                 peak = metrics[f"{phase} peak"]
-                assert 0 < peak["measured"] <= peak["bound"] and peak["estimate"] > 0, (cell["id"], phase, peak)
+                assert 0 < peak["measured"] <= peak["bound"], (cell["id"], phase, peak)
+                assert not planned or peak["estimate"] > 0, (cell["id"], phase, peak)
+            if not planned:
+                continue
             for phase in ("forward", "backward"):
                 # the walk of the plan is exact: a runtime under it would show the kit's model wrong
                 along = metrics[f"{phase} peak along the plan"]
