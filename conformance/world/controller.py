@@ -241,11 +241,12 @@ class World:
         return Outcome([results[r] for r in range(self.size)], duration, 0.0)
 
     def _exit_status(self, rank: int, status: int | None) -> int | None:
-        """A dead rank's wait status; where torchrun reaped it first, as torchrun's log tells it.
-        A rank forked by the zygote is the zygote's to reap, and torchrun's log names its stub:
-        no account to wait for."""
-        if status is not None or self._dir is None or self.spec.zygote is not None:
+        """A dead rank's wait status, where its parent reaped it before /proc was read: a rank
+        forked by the zygote as its stub left it, one torchrun started as torchrun's log tells it."""
+        if status is not None or self._dir is None:
             return status
+        if self.spec.zygote is not None:
+            return procs.forked_status(self._dir, rank)
         return procs.reaped_status(self._dir / "torchrun.log", self._pids[rank])
 
     def _grace(self, pending: list[int]) -> float:

@@ -16,8 +16,11 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 from conformance.world.zygote import _HEADER, ENV_ZYGOTE
+
+ENV_WORLD_DIR = "CONFORMANCE_WORLD_DIR"  # protocol.ENV_WORLD_DIR: this process imports nothing more
 
 # what torchrun sends to stop its workers, and what the controller may send to a rank's stub
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -60,11 +63,21 @@ def main(argv: list[str]) -> int:
     if status is None:  # the zygote died with the child still running: end the child too
         _forward(pid, signal.SIGKILL)
         return 1
+    _leave_status(status["status"])
     code = os.waitstatus_to_exitcode(status["status"])
     if code < 0:  # the rank died of a signal: so does this process, as torchrun expects of a worker
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
+
+
+def _leave_status(status: int) -> None:
+    """The forked rank's wait status, left in its world's folder: the zygote reaped it at once,
+    so a watcher that looks in /proc after that finds nothing (procs.forked_status reads it)."""
+    folder, rank = os.environ.get(ENV_WORLD_DIR), os.environ.get("RANK")
+    if folder and rank:
+        with contextlib.suppress(OSError):
+            Path(folder, f"rank{rank}.status").write_text(str(status))
 
 
 def _forward(pid: int, signum: int) -> None:

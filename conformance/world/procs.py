@@ -136,6 +136,19 @@ def reaped_status(torchrun_log: Path, pid: int, wait_s: float = TORCHRUN_ACCOUNT
         time.sleep(0.1)
 
 
+def forked_status(world_dir: Path, rank: int, wait_s: float = 1.0) -> int | None:
+    """The wait status of a rank forked by the zygote, which reaps it at once: its stub leaves
+    it in the world's folder as soon as the zygote tells it (forked.py), within milliseconds."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return int((world_dir / f"rank{rank}.status").read_text())
+        except (OSError, ValueError):
+            if time.monotonic() >= deadline:
+                return None
+        time.sleep(0.01)
+
+
 def describe_exit(status: int | None) -> str:
     if status is None:
         return "the rank process exited (its exit status was already reaped)"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conformance.frontend.runner import new_zygote
-from conformance.world import protocol
+from conformance.world import procs, protocol
 from conformance.world.controller import World
 from conformance.world.launch import LaunchSpec
 from conformance.world.zygote import Zygote
@@ -89,6 +89,24 @@ def test_a_stub_killed_outright_takes_its_rank_down(zygote: Zygote, tmp_path: Pa
         while _alive(rank1) and time.monotonic() - killed < GONE_WITHIN_S:
             time.sleep(0.1)
         assert not _alive(rank1), f"rank 1 still runs {GONE_WITHIN_S:.0f} s after its stub was killed"
+    finally:
+        world.close()
+
+
+def test_a_forked_rank_that_dies_is_named_with_its_signal(zygote: Zygote, tmp_path: Path) -> None:
+    """The zygote reaps a forked rank at once; its stub leaves the wait status in the world's
+    folder, so the account names the signal however late the controller looked."""
+    world = World(LaunchSpec(nproc=2, backend="gloo", zygote=zygote.path), base_dir=tmp_path)
+    try:
+        assert world.run(protocol.Task("tests.support.faulty_programs:healthy"), 60).ok
+        forked, folder = world._pids[1], world._dir
+        outcome = world.run(protocol.Task("tests.support.faulty_programs:sigkill_on", {"rank": 1}), 60)
+        assert (outcome.results[1].status, outcome.results[1].error) == (
+            protocol.DIED,
+            "the rank process was killed by signal SIGKILL",
+        ), outcome.describe()
+        assert procs.process_state(forked) == (False, None)  # the zygote reaped it
+        assert procs.forked_status(folder, 1, wait_s=0) == signal.SIGKILL
     finally:
         world.close()
 
