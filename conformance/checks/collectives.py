@@ -1,8 +1,7 @@
 """Collectives: what Thunder put into its final forward and backward execution traces,
 counted through bound symbols, against what the model's structure implies. Under PyTorch's
-parallelism, where FSDP2 owns the collectives, what each step issued at the process group,
-against FSDP2's arithmetic (checks/fsdp2.py); DDP's cells there are not judged (its reducer
-all-reduces beneath the Python API the count sees).
+parallelism, where FSDP2 or DDP own the collectives, what each step issued at the process
+group, against FSDP2's arithmetic (checks/fsdp2.py) or DDP's buckets (checks/torch_ddp.py).
 
 Expectations come from the eager model: one all-gather per bucket in the forward,
 one reduce-scatter per bucket of trainable storages in the backward, a re-gather of every
@@ -24,13 +23,14 @@ did: `` (the count without bucketing)`` (bucketing NONE) or `` (the count under 
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from conformance.checks import fsdp2
+from conformance.checks import fsdp2, torch_ddp
 from conformance.checks.area import Across, Area
 from conformance.checks.buckets import buckets, ddp_buckets
 from conformance.checks.findings import Failure, Findings
@@ -38,7 +38,6 @@ from conformance.checks.record import CellRecord, Issued, SimulatedRecord
 from conformance.checks.reductions import REDUCING, bytes_derived, judge_backward
 from conformance.checks.storages import distinct_storages, padded_bytes
 from conformance.checks.traces import KINDS, MISSING, collective_symbols, issued
-from conformance.matrix.cells import Cell
 from fixtures.compositions import COMPOSITIONS
 from fixtures.options import MICRO_STEPS
 from transforms.policies import proxy_bytes
@@ -177,26 +176,34 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
 
 
 def check_process_group(run: CellRecord) -> Findings:
-    """Under FSDP2 (PyTorch's parallelism): what each training step issued at the process group
-    (conformance/rank/process_group.py), against FSDP2's arithmetic from the model and the world size
-    (checks/fsdp2.py). Per phase, the steps that issued alike are judged once (``forward``),
-    and where some differ each group under its own label (``forward of steps 0, 1``)."""
+    """Under PyTorch's parallelism: what each training step issued at the process group
+    (conformance/rank/process_group.py), against FSDP2's arithmetic from the model and the world
+    size (checks/fsdp2.py), or DDP's buckets from the model (checks/torch_ddp.py). Per phase, the
+    steps that issued alike and were owed alike are judged once (``forward``), and where some
+    differ each group under its own label (``forward of steps 0, 1``)."""
     found = Findings()
     cell = run.cell
     in_order = [f"{i.phase} {i.kind} {i.dtype} {i.nbytes} B" for s in run.steps for i in s.issued or ()]
     found.metrics[SEQUENCE] = in_order
     found.metrics[f"{SEQUENCE} digest"] = hashlib.sha1("\n".join(in_order).encode()).hexdigest()[:16]
-    want = fsdp2.expected(run.eager_model, cell.sharding, cell.world_size)
+    if COMPOSITIONS[cell.composition].replicated:
+        owed = functools.partial(torch_ddp.expected, run.eager_model)
+    else:  # FSDP2 owes every step alike
+        fsdp2_owed = fsdp2.expected(run.eager_model, cell.sharding, cell.world_size)
+        owed = lambda step: fsdp2_owed  # noqa: E731
+    wants = [owed(k) for k in range(len(run.steps))]
     for phase in fsdp2.PHASES:
-        tallies: dict[tuple, list[int]] = {}
+        groups: dict[tuple, list[int]] = {}
         for k, step in enumerate(run.steps):
-            tallies.setdefault(tuple(sorted(_tally(step.issued or (), phase).items())), []).append(k)
-        for tally, steps in tallies.items():
-            label = phase if len(tallies) == 1 else f"{phase} of steps {', '.join(map(str, steps))}"
-            _judge_tally(found, label, dict(tally), want[phase], cell.world_size)
+            tally = tuple(sorted(_tally(step.issued or (), phase).items()))
+            groups.setdefault((tally, tuple(sorted(wants[k][phase].items()))), []).append(k)
+        for (tally, _), steps in groups.items():
+            label = phase if len(groups) == 1 else f"{phase} of steps {', '.join(map(str, steps))}"
+            _judge_tally(found, label, dict(tally), wants[steps[0]][phase], cell.world_size)
     record = run.scenario
     if record is not None and record.issued is not None:
-        wanted = scenario_wanted(record.scenario, want)
+        # a scenario runs after training: as a step after the first owes
+        wanted = scenario_wanted(record.scenario, owed(len(run.steps)))
         for phase in fsdp2.PHASES:
             label = f"{record.scenario} {phase}"
             _judge_tally(found, label, _tally(record.issued, phase), wanted.get(phase, {}), cell.world_size)
@@ -204,11 +211,12 @@ def check_process_group(run: CellRecord) -> Findings:
 
 
 def scenario_wanted(scenario: str, want: dict[str, dict[str, fsdp2.Expected]]) -> dict[str, dict[str, fsdp2.Expected]]:
-    """Under FSDP2, what a scenario issues per phase, from what a training step issues
-    (``want``): ``infer``'s no_grad forward all-gathers each unit as training's does and
-    nothing more; ``reshape``'s forward and backward move the same parameters whatever the
+    """Under PyTorch's parallelism, what a scenario issues per phase, from what a training step
+    issues (``want``): ``infer``'s no_grad forward all-gathers each FSDP2 unit as training's does
+    and nothing more; ``reshape``'s forward and backward move the same parameters whatever the
     input's shape; ``accumulate``'s micro-steps each gather as a step does, and only the last,
-    synced, reduce-scatters (what the skipped ones accumulated with its own). None steps."""
+    synced, reduces (what the skipped ones accumulated with its own: FSDP2's reduce-scatter,
+    DDP's all-reduce). None steps."""
     if scenario == "infer":
         return {"forward": want["forward"]}
     if scenario == "reshape":
@@ -407,17 +415,9 @@ def sequences_differ(ranks: list[int], findings: list[Findings]) -> list[Across]
     return out
 
 
-def _judged(cell: Cell) -> bool:
-    """Every cell of Thunder's own transforms; under PyTorch's parallelism FSDP2's only: DDP's
-    reducer all-reduces from C++, where the process-group count cannot see it."""
-    composition = COMPOSITIONS[cell.composition]
-    return composition.parallelism == "thunder" or not composition.replicated
-
-
 AREA = Area(
     "collectives",
     check,
-    applies=_judged,
     parallelisms=frozenset({"thunder", "torch"}),
     simulated=check,
     across_ranks=sequences_differ,

@@ -5,8 +5,9 @@ API, whatever thread issues them: under PyTorch's parallelism FSDP2's hooks call
 CommDebugMode counts them too, but it is a dispatch mode, and Dynamo runs a frame eager while
 one is active: ThunderFX would compile nothing. A function replaced in ``torch.distributed``'s
 namespace is met only by the code that calls it, FSDP2's hooks, which Dynamo leaves eager.
-DDP's reducer all-reduces from C++, beneath this API: it is not seen (the collectives area does
-not judge DDP's cells of PyTorch's parallelism)."""
+DDP's reducer all-reduces from C++, beneath this API, unless a communication hook does it in
+Python: the compositions register PyTorch's own ``allreduce_hook`` (fixtures/torch_parallel.py).
+DDP's buffer broadcasts stay in C++ and unseen."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Bugs planted in ThunderFX, caught by the collectives area at the process group: under FSDP2
-every collective is FSDP2's own, so one that Thunder's compiled code issues is one too many."""
+and DDP every collective is theirs, so one that Thunder's compiled code issues is one too many."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ from tests.planted.patching import each_compiled_graph
 from tests.planted.record import Expect, planted
 
 OVER_FSDP2: Pred = lambda cell: cell.composition == "thunderfx_fsdp2"  # noqa: E731
-# under DDP the collectives area does not judge (its reducer all-reduces beneath the count)
 OVER_DDP: Pred = lambda cell: THUNDERFX(cell) and not OVER_FSDP2(cell)  # noqa: E731
 
 
 # the smallest stray collective there is: one all-reduce of one float per compiled graph's call
 @planted(
-    {"collectives": Expect(OVER_FSDP2, words="forward all_reduces: expected 0, got")},
+    {"collectives": Expect(THUNDERFX, words="forward all_reduces: expected 0, got")},
     cells=(OVER_FSDP2, OVER_DDP, JITTED),
     parallelisms=frozenset({"torch"}),
 )
