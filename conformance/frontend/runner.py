@@ -46,6 +46,7 @@ RANK_IMPORTS = (
     "thunder.plugins",
     "thunder.recipes",
     "torch.distributed.checkpoint.state_dict",
+    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
     "transforms.offload",
     "litgpt",
 )
