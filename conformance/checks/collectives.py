@@ -23,7 +23,6 @@ did: `` (the count without bucketing)`` (bucketing NONE) or `` (the count under 
 from __future__ import annotations
 
 import collections
-import functools
 import hashlib
 from collections.abc import Iterable
 from typing import Any
@@ -186,12 +185,11 @@ def check_process_group(run: CellRecord) -> Findings:
     in_order = [f"{i.phase} {i.kind} {i.dtype} {i.nbytes} B" for s in run.steps for i in s.issued or ()]
     found.metrics[SEQUENCE] = in_order
     found.metrics[f"{SEQUENCE} digest"] = hashlib.sha1("\n".join(in_order).encode()).hexdigest()[:16]
+    # what each training step owes, and last what a step after them owes (a scenario's base)
     if COMPOSITIONS[cell.composition].replicated:
-        owed = functools.partial(torch_ddp.expected, run.eager_model)
+        wants = [torch_ddp.expected(run.eager_model, k) for k in range(len(run.steps) + 1)]
     else:  # FSDP2 owes every step alike
-        fsdp2_owed = fsdp2.expected(run.eager_model, cell.sharding, cell.world_size)
-        owed = lambda step: fsdp2_owed  # noqa: E731
-    wants = [owed(k) for k in range(len(run.steps))]
+        wants = [fsdp2.expected(run.eager_model, cell.sharding, cell.world_size)] * (len(run.steps) + 1)
     for phase in fsdp2.PHASES:
         groups: dict[tuple, list[int]] = {}
         for k, step in enumerate(run.steps):
@@ -202,8 +200,7 @@ def check_process_group(run: CellRecord) -> Findings:
             _judge_tally(found, label, dict(tally), wants[steps[0]][phase], cell.world_size)
     record = run.scenario
     if record is not None and record.issued is not None:
-        # a scenario runs after training: as a step after the first owes
-        wanted = scenario_wanted(record.scenario, owed(len(run.steps)))
+        wanted = scenario_wanted(record.scenario, wants[-1])  # it runs after training
         for phase in fsdp2.PHASES:
             label = f"{record.scenario} {phase}"
             _judge_tally(found, label, _tally(record.issued, phase), wanted.get(phase, {}), cell.world_size)

@@ -18,9 +18,8 @@ import socket
 import sys
 from pathlib import Path
 
+from conformance.world.protocol import ENV_WORLD_DIR
 from conformance.world.zygote import _HEADER, ENV_ZYGOTE
-
-ENV_WORLD_DIR = "CONFORMANCE_WORLD_DIR"  # protocol.ENV_WORLD_DIR: this process imports nothing more
 
 # what torchrun sends to stop its workers, and what the controller may send to a rank's stub
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)

@@ -6,8 +6,6 @@ bytes of every kind equal the derived ones."""
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
 
@@ -15,6 +13,7 @@ from conformance.checks import collectives, fsdp2
 from conformance.checks.record import Issued
 from fixtures.models import fixture_for
 from fixtures.options import MICRO_STEPS
+from tests.support.issued import counted_pass, owed, tallied
 
 # world size -> the cases one world runs in turn: (model, tied, sharding)
 pytestmark = pytest.mark.slow  # spawns worlds of 3 and 2 ranks
@@ -49,29 +48,17 @@ def _train_one_step(rank: int, world: int, store: str, out: str) -> None:
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             x = fixture_for(name).make_input(torch.Generator().manual_seed(rank), torch.float32)
             calls: list[Issued] = []
-            with counting(calls, "forward"):
-                y = model(x)
-            with counting(calls, "backward"):
-                y.float().sum().backward()
-            with counting(calls, "optimizer step"):
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            counted_pass(model, x, calls, optimizer)
             # the scenarios, each as its cell runs it after training: reshape's step at the
             # second input shape (it leaves every unit resharded), then infer's no_grad forward
             reshaped: list[Issued] = []
             second = fixture_for(name).second_input(torch.Generator().manual_seed(rank), torch.float32)
-            with counting(reshaped, "forward"):
-                y = model(second)
-            with counting(reshaped, "backward"):
-                y.float().sum().backward()
+            counted_pass(model, second, reshaped)
             optimizer.zero_grad(set_to_none=True)
             accumulated: list[Issued] = []
             for micro in range(MICRO_STEPS):
                 model.set_requires_gradient_sync(micro == MICRO_STEPS - 1)  # the last syncs
-                with counting(accumulated, "forward"):
-                    y = model(x)
-                with counting(accumulated, "backward"):
-                    y.float().sum().backward()
+                counted_pass(model, x, accumulated)
             inferred: list[Issued] = []
             with torch.no_grad(), counting(inferred, "forward"):
                 model(x)
@@ -91,21 +78,11 @@ def test_derived_counts_and_bytes_are_what_fsdp2_issues(tmp_path, world: int) ->
         issued = torch.load(f"{out}.{rank}", weights_only=False)
         for (name, tied, sharding), (calls, scenarios) in zip(CASES[world], issued, strict=True):
             want = fsdp2.expected(_model(name, tied), sharding, world)
-            derived = {(p, k): e for p, kinds in want.items() for k, e in kinds.items() if e.count}
-            assert _tallied(calls) == derived, f"{name} {sharding}, rank {rank}"
+            assert tallied(calls) == owed(want), f"{name} {sharding}, rank {rank}"
             # each scenario as the collectives area derives it from a training step's numbers
             for scenario, scenario_calls in scenarios.items():
-                wanted = collectives.scenario_wanted(scenario, want)
-                wanted = {(p, k): e for p, kinds in wanted.items() for k, e in kinds.items() if e.count}
-                assert _tallied(scenario_calls) == wanted, f"{scenario}: {name} {sharding}, rank {rank}"
+                wanted = owed(collectives.scenario_wanted(scenario, want))
+                assert tallied(scenario_calls) == wanted, f"{scenario}: {name} {sharding}, rank {rank}"
             # the model is what the cases say: two blocks and the root, or the root alone
             assert want["forward"]["all_gather"].count == (3 if name == "litgpt_llama" else 1)
 
-
-def _tallied(calls: list[Issued]) -> dict[tuple[str, str], fsdp2.Expected]:
-    """Per (phase, kind): how many ``calls`` issued and their bytes."""
-    got: dict[tuple[str, str], fsdp2.Expected] = collections.defaultdict(fsdp2.Expected)
-    for c in calls:
-        had = got[c.phase, c.kind]
-        got[c.phase, c.kind] = fsdp2.Expected(had.count + 1, had.nbytes + c.nbytes)
-    return dict(got)

@@ -6,6 +6,7 @@ scenario's count and bytes equal the derived ones."""
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import pytest
@@ -15,14 +16,14 @@ from conformance.checks import collectives, torch_ddp
 from conformance.checks.record import Issued
 from fixtures.models import fixture_for
 from fixtures.options import MICRO_STEPS
-from tests.unit.test_fsdp2_collectives import _tallied
+from tests.support.issued import counted_pass, owed, tallied
 
 pytestmark = pytest.mark.slow  # spawns a world of 2 ranks
 
 WORLD = 2
 STEPS = 3
-# (model, tied, dtype): a tie, blocks, frozen parameters; and litgpt at its real width, whose
-# gradients pass DDP's 1 MiB first bucket once DDP rebuilds its buckets
+# (model, tied, dtype): a tie, blocks in bfloat16, frozen parameters; and three wide layers,
+# whose gradients pass DDP's 1 MiB first bucket once DDP rebuilds its buckets
 CASES = [
     ("tied_lm", True, torch.float32),
     ("litgpt_llama", False, torch.bfloat16),
@@ -59,25 +60,14 @@ def _train(rank: int, store: str, out: str) -> None:
             model = _ddp(_model(name, tied, dtype), types.SimpleNamespace(torch_ddp_options={}))
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             x = _input(name, rank, dtype)
-            steps: list[list[Issued]] = []
-            for _ in range(STEPS):
-                calls: list[Issued] = []
-                with counting(calls, "forward"):
-                    y = model(x)
-                with counting(calls, "backward"):
-                    y.float().sum().backward()
-                with counting(calls, "optimizer step"):
-                    optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                steps.append(calls)
+            steps: list[list[Issued]] = [[] for _ in range(STEPS)]
+            for calls in steps:
+                counted_pass(model, x, calls, optimizer)
             accumulated: list[Issued] = []
             for micro in range(MICRO_STEPS):
                 synced = micro == MICRO_STEPS - 1
-                with model.no_sync() if not synced else torch.enable_grad():
-                    with counting(accumulated, "forward"):
-                        y = model(x)
-                    with counting(accumulated, "backward"):
-                        y.float().sum().backward()
+                with model.no_sync() if not synced else contextlib.nullcontext():
+                    counted_pass(model, x, accumulated)
             inferred: list[Issued] = []
             with torch.no_grad(), counting(inferred, "forward"):
                 model(x)
@@ -97,13 +87,10 @@ def test_derived_counts_and_bytes_are_what_ddp_issues(tmp_path) -> None:
         for (name, tied, dtype), (steps, scenarios) in zip(CASES, issued, strict=True):
             model = _model(name, tied, dtype)
             for k, calls in enumerate(steps):
-                want = torch_ddp.expected(model, k)
-                derived = {(p, kind): e for p, kinds in want.items() for kind, e in kinds.items() if e.count}
-                assert _tallied(calls) == derived, f"{name} step {k}, rank {rank}"
+                assert tallied(calls) == owed(torch_ddp.expected(model, k)), f"{name} step {k}, rank {rank}"
             for scenario, scenario_calls in scenarios.items():
-                wanted = collectives.scenario_wanted(scenario, torch_ddp.expected(model, STEPS))
-                wanted = {(p, kind): e for p, kinds in wanted.items() for kind, e in kinds.items() if e.count}
-                assert _tallied(scenario_calls) == wanted, f"{scenario}: {name}, rank {rank}"
+                wanted = owed(collectives.scenario_wanted(scenario, torch_ddp.expected(model, STEPS)))
+                assert tallied(scenario_calls) == wanted, f"{scenario}: {name}, rank {rank}"
     # the cases are what they say: one bucket until DDP rebuilds them, then the wide model's
     # past the first bucket's cap; lora's frozen parameters in none
     wide = _model("wide", False, torch.float32)
