@@ -213,13 +213,14 @@ def scenario_wanted(scenario: str, want: dict[str, dict[str, fsdp2.Expected]]) -
     and nothing more; ``reshape``'s forward and backward move the same parameters whatever the
     input's shape; ``accumulate``'s micro-steps each gather as a step does, and only the last,
     synced, reduces (what the skipped ones accumulated with its own: FSDP2's reduce-scatter,
-    DDP's all-reduce). None steps."""
+    DDP's all-reduce). DDP's buffers are broadcast before the first micro-step's forward
+    alone: the next follows a forward that skipped the sync. None steps."""
     if scenario == "infer":
         return {"forward": want["forward"]}
     if scenario == "reshape":
         return {"forward": want["forward"], "backward": want["backward"]}
     assert scenario == "accumulate", scenario
-    times = {"all_gather": MICRO_STEPS}  # per micro-step; every other kind once, in the last
+    times = {"all_gather": MICRO_STEPS}  # per micro-step; every other kind once
     return {
         phase: {
             kind: fsdp2.Expected(e.count * times.get(kind, 1), e.nbytes * times.get(kind, 1))

@@ -46,7 +46,6 @@ RANK_IMPORTS = (
     "thunder.plugins",
     "thunder.recipes",
     "torch.distributed.checkpoint.state_dict",
-    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
     "transforms.offload",
     "litgpt",
 )

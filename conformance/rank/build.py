@@ -24,6 +24,7 @@ from conformance.rank.clock import thunder_call
 from conformance.rank.dropout import replace_output_dropout
 from conformance.rank.gather import Gathered, clones, gather, shard, snapshot
 from conformance.rank.module_init import module_inits
+from conformance.rank.process_group import counted_group
 from fixtures import inits, patterns
 from fixtures import torch_parallel as tp
 from fixtures.compositions import COMPOSITIONS, Composition, Setup
@@ -171,6 +172,9 @@ def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
     state = _state_dict(recipe.plan.handed_over, eager_model.module, rank, world)
     materialization_init = _materialization(recipe.plan, state)
     transforms = cell_transforms(recipe.cell, recipe.device)
+    # PyTorch's parallelism issues its collectives on a group that counts them (made once per
+    # world, outside the measured setup: it is the kit's)
+    group = counted_group() if recipe.composition.parallelism == "torch" else None
     with measure.measure(recipe.device) as setup, thunder_call("Thunder's transforms"):
         # where a state dict is loaded after module init, module init draws other values than
         # the eager model the state dict comes from: a load that writes nothing then shows
@@ -185,6 +189,7 @@ def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
             recipe.executors.jit_options(),
             ddp_options,
             fsdp2_reshard=recipe.cell.sharding == "zero3",
+            process_group=group,
         )
         tm = recipe.composition.build(model, how)
         loaded_error = None

@@ -1,17 +1,21 @@
-"""The collectives a block issues at the process group, through ``torch.distributed``'s Python
-API, whatever thread issues them: under PyTorch's parallelism FSDP2's hooks call
-``dist.all_gather_into_tensor`` and ``dist.reduce_scatter_tensor`` through that namespace.
+"""The collectives a block issues at the process group, whoever issues them: under PyTorch's
+parallelism FSDP2 and DDP are handed a process group of the kit's (``counted_group``), which
+hands every collective to the world's own backend (gloo, NCCL) and records it first, wherever
+the call came from: FSDP2's hooks, DDP's reducer and its buffer broadcasts in C++, functional
+collectives (DTensor's, a compiled graph's), ``torch.distributed``'s Python API. Calls through
+that API on any other group (the default one: a compiled graph's stray collective) are counted
+where the API is called, as the functions in its namespace are replaced while counting.
 
-CommDebugMode counts them too, but it is a dispatch mode, and Dynamo runs a frame eager while
-one is active: ThunderFX would compile nothing. A function replaced in ``torch.distributed``'s
-namespace is met only by the code that calls it, FSDP2's hooks, which Dynamo leaves eager.
-DDP's reducer all-reduces from C++, beneath this API, unless a communication hook does it in
-Python: the compositions register PyTorch's own ``allreduce_hook`` (fixtures/torch_parallel.py).
-DDP's buffer broadcasts stay in C++ and unseen."""
+CommDebugMode counts collectives too, but it is a dispatch mode, and Dynamo runs a frame eager
+while one is active: ThunderFX would compile nothing. Neither of these is met by Dynamo: the
+group is a C++ object to it, and the API's callers are the parallelism's hooks, which it leaves
+eager. Unseen: a collective issued beneath the Python API on a group other than the counted one.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 from collections.abc import Iterator
@@ -39,6 +43,45 @@ FUNCTIONS = {
 
 _depth = threading.local()  # a collective that calls another (a deprecated alias) counts once
 
+# c10d's collective methods -> (kind, the position of the argument holding the whole buffer):
+# what FSDP2, DDP's reducer, functional collectives and the Python API all end in
+METHODS: dict[str, tuple[str, int | None]] = {
+    "allreduce": ("all_reduce", 0),  # (tensors, opts)
+    "allreduce_coalesced": ("all_reduce", 0),
+    "broadcast": ("broadcast", 0),  # (tensors, opts)
+    "allgather": ("all_gather", 0),  # (output lists, inputs, opts)
+    "allgather_coalesced": ("all_gather", 0),
+    "_allgather_base": ("all_gather", 0),  # (output, input, opts)
+    "allgather_into_tensor_coalesced": ("all_gather", 0),  # (outputs, inputs, opts)
+    "reduce_scatter": ("reduce_scatter", 1),  # (outputs, input lists, opts)
+    "_reduce_scatter_base": ("reduce_scatter", 1),  # (output, input, opts)
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", 1),  # (outputs, inputs, opts)
+    "alltoall_base": ("all_to_all", 1),  # (output, input, output splits, input splits, opts)
+    "alltoall": ("all_to_all", 1),  # (outputs, inputs, opts)
+    "reduce": ("reduce", 0),
+    "gather": ("gather", 1),
+    "scatter": ("scatter", 1),
+    "send": ("send", 0),
+    "recv": ("recv", 0),
+    "recv_anysource": ("recv", 0),
+    "barrier": ("barrier", None),
+}
+# the name the counting group's backend is registered under (``counted_group``)
+COUNTED_BACKEND = "kit_counted"
+
+# Where collectives are recorded while ``counting`` runs: one target for the whole process,
+# not per thread, since DDP's reducer issues from the autograd engine's threads on CUDA.
+_lock = threading.Lock()
+_target: tuple[list[Issued], str] | None = None
+
+
+def _record(kind: str, whole: Any) -> None:
+    with _lock:
+        target = _target
+    if target is not None:
+        into, phase = target
+        into.append(Issued(phase=phase, kind=kind, dtype=_dtype(whole), nbytes=_bytes(whole)))
+
 
 def _bytes(value: Any) -> int:
     if isinstance(value, torch.Tensor):
@@ -56,15 +99,85 @@ def _dtype(value: Any) -> str:
     return "none"
 
 
-def _counted(name: str, original: Any, into: list[Issued], phase: str) -> Any:
+class CountingGroup(dist.ProcessGroup):
+    """A process group that records each collective and hands it to ``inner``, a backend of the
+    world's own kind over the same ranks: c10d calls these methods wherever a collective on
+    this group comes from (Python, C++ or a functional collective's kernel)."""
+
+    def __init__(self, inner: Any, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+        self._inner = inner
+
+    def getBackendName(self) -> str:
+        return COUNTED_BACKEND
+
+    @property
+    def group_name(self) -> str:
+        # c10d keeps a Python group's name in its world (the base reads its backend's, which
+        # a Python group has none of); functional collectives find the group by it
+        return dist.distributed_c10d._world.pg_names[self]
+
+    def __repr__(self) -> str:
+        return f"CountingGroup({self._inner!r})"
+
+
+def _method(name: str, kind: str, position: int | None) -> Any:
+    def method(self: CountingGroup, *args: Any, **kwargs: Any) -> Any:
+        _record(kind, args[position] if position is not None and position < len(args) else None)
+        return getattr(self._inner, name)(*args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+for _name, (_kind, _position) in METHODS.items():
+    setattr(CountingGroup, _name, _method(_name, _kind, _position))
+
+
+def _create(options: Any, backend_options: Any) -> CountingGroup:
+    """c10d's constructor of a ``COUNTED_BACKEND`` group: the group ``counted_group`` has just
+    made of the world's own backend over the same ranks, inside a ``CountingGroup``."""
+    if _wrapping is None:
+        raise RuntimeError(f"a {COUNTED_BACKEND} group is made by counted_group() alone")
+    return CountingGroup(_wrapping, options.group_rank, options.group_size)
+
+
+@functools.cache
+def _registered() -> None:
+    dist.Backend.register_backend(COUNTED_BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+_groups: dict[int, CountingGroup] = {}  # one per world (keyed by the default group's identity)
+_wrapping: Any = None  # the group a CountingGroup being made will hand its collectives to
+
+
+def counted_group() -> CountingGroup:
+    """The group over every rank of the world whose collectives are all counted: made once per
+    world, on every rank at once (as ``new_group`` is), where PyTorch's parallelism is first
+    composed. What it hands them to is a group torch made as ``new_group`` makes any, of the
+    world's backend, so that every collective c10d offers goes through as it would."""
+    global _wrapping
+    key = id(dist.distributed_c10d._get_default_group())
+    if key not in _groups:
+        _registered()
+        _wrapping = dist.new_group()
+        try:
+            _groups[key] = dist.new_group(backend=COUNTED_BACKEND)
+        finally:
+            _wrapping = None
+    return _groups[key]
+
+
+def _counted(name: str, original: Any) -> Any:
     kind, buffer = FUNCTIONS[name]
     signature = inspect.signature(original)
 
     def issue(*args: Any, **kwargs: Any) -> Any:
         depth = getattr(_depth, "n", 0)
         if depth == 0:
-            whole = signature.bind_partial(*args, **kwargs).arguments.get(buffer)
-            into.append(Issued(phase=phase, kind=kind, dtype=_dtype(whole), nbytes=_bytes(whole)))
+            arguments = signature.bind_partial(*args, **kwargs).arguments
+            if not isinstance(arguments.get("group"), CountingGroup):  # that group records its own
+                _record(kind, arguments.get(buffer))
         _depth.n = depth + 1
         try:
             return original(*args, **kwargs)
@@ -83,16 +196,22 @@ def calls_for(composition: Any) -> list[Issued] | None:
 
 @contextlib.contextmanager
 def counting(into: list[Issued] | None, phase: str) -> Iterator[None]:
-    """While the block runs, every collective issued through ``torch.distributed`` is appended
-    to ``into`` as issued in ``phase`` (``into`` None: nothing is counted)."""
+    """While the block runs, every collective issued on the counted group, and every one issued
+    through ``torch.distributed``'s Python API on another, is appended to ``into`` as issued in
+    ``phase`` (``into`` None: nothing is counted)."""
+    global _target
     if into is None:
         yield
         return
     originals = {name: getattr(dist, name) for name in FUNCTIONS if hasattr(dist, name)}
     for name, original in originals.items():
-        setattr(dist, name, _counted(name, original, into, phase))
+        setattr(dist, name, _counted(name, original))
+    with _lock:
+        outer, _target = _target, (into, phase)
     try:
         yield
     finally:
+        with _lock:
+            _target = outer
         for name, original in originals.items():
             setattr(dist, name, original)

@@ -6,6 +6,8 @@ bytes of every kind equal the derived ones."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -37,14 +39,17 @@ def _train_one_step(rank: int, world: int, store: str, out: str) -> None:
     units gathered), every collective counted."""
     import torch.distributed as dist
 
-    from conformance.rank.process_group import counting
+    from conformance.rank.process_group import counted_group, counting
     from fixtures.torch_parallel import _fully_shard
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
+        group = counted_group()
         issued = []
         for name, tied, sharding in CASES[world]:
-            model, _ = _fully_shard(_model(name, tied), torch.device("cpu"), sharding == "zero3")
+            reshard = sharding == "zero3"
+            how = types.SimpleNamespace(device=torch.device("cpu"), process_group=group, fsdp2_reshard=reshard)
+            model, _ = _fully_shard(_model(name, tied), how)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             x = fixture_for(name).make_input(torch.Generator().manual_seed(rank), torch.float32)
             calls: list[Issued] = []

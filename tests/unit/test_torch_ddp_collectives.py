@@ -1,8 +1,9 @@
-"""DDP's buckets (conformance/checks/torch_ddp.py) against DDP itself: eager PyTorch, no
-Thunder, composed as the kit's compositions compose it (PyTorch's ``allreduce_hook``), counted
-at the process group as the ranks count (conformance/rank/process_group.py). A tied weight,
-frozen parameters, bfloat16, a model past DDP's first-bucket cap: each step's and each
-scenario's count and bytes equal the derived ones."""
+"""DDP's collectives (conformance/checks/torch_ddp.py) against DDP itself: eager PyTorch, no
+Thunder, composed as the kit's compositions compose it, counted on the counting group as the
+ranks count (conformance/rank/process_group.py): the reducer's all-reduces, its buffer
+broadcasts and its bucket rebuild, all in C++. A tied weight, frozen parameters, bfloat16,
+buffers of two dtypes, a model past DDP's first-bucket cap: each step's and each scenario's
+count and bytes equal the derived ones."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ pytestmark = pytest.mark.slow  # spawns a world of 2 ranks
 
 WORLD = 2
 STEPS = 3
-# (model, tied, dtype): a tie, blocks in bfloat16, frozen parameters; and three wide layers,
-# whose gradients pass DDP's 1 MiB first bucket once DDP rebuilds its buckets
+# (model, tied, dtype): a tie, blocks in bfloat16 (float32 RoPE buffers), frozen parameters,
+# a BatchNorm's float32 and int64 buffers; and three wide layers, whose gradients pass DDP's
+# 1 MiB first bucket once DDP rebuilds its buckets
 CASES = [
     ("tied_lm", True, torch.float32),
+    ("root_owned", False, torch.float32),
     ("litgpt_llama", False, torch.bfloat16),
     ("lora", False, torch.float32),
     ("wide", False, torch.float32),
@@ -50,14 +53,15 @@ def _train(rank: int, store: str, out: str) -> None:
     no_grad forward, every collective counted."""
     import torch.distributed as dist
 
-    from conformance.rank.process_group import counting
+    from conformance.rank.process_group import counted_group, counting
     from fixtures.torch_parallel import _ddp
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
+        group = counted_group()
         issued = []
         for name, tied, dtype in CASES:
-            model = _ddp(_model(name, tied, dtype), types.SimpleNamespace(torch_ddp_options={}))
+            model = _ddp(_model(name, tied, dtype), types.SimpleNamespace(torch_ddp_options={}, process_group=group))
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             x = _input(name, rank, dtype)
             steps: list[list[Issued]] = [[] for _ in range(STEPS)]
@@ -92,7 +96,9 @@ def test_derived_counts_and_bytes_are_what_ddp_issues(tmp_path) -> None:
                 wanted = owed(collectives.scenario_wanted(scenario, torch_ddp.expected(model, STEPS)))
                 assert tallied(scenario_calls) == wanted, f"{scenario}: {name}, rank {rank}"
     # the cases are what they say: one bucket until DDP rebuilds them, then the wide model's
-    # past the first bucket's cap; lora's frozen parameters in none
+    # past the first bucket's cap; lora's frozen parameters in none; root_owned's buffers in
+    # two broadcasts, one per dtype
+    assert len(torch_ddp.buffer_broadcasts(_model("root_owned", False, torch.float32))) == 2
     wide = _model("wide", False, torch.float32)
     assert (len(torch_ddp.reducer_buckets(wide, 0)), len(torch_ddp.reducer_buckets(wide, 1))) == (1, 2)
     lora = _model("lora", False, torch.float32)
