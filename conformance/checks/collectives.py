@@ -38,7 +38,7 @@ from conformance.checks.reductions import REDUCING, bytes_derived, judge_backwar
 from conformance.checks.storages import distinct_storages, padded_bytes
 from conformance.checks.traces import KINDS, MISSING, collective_symbols, issued
 from fixtures.compositions import COMPOSITIONS
-from fixtures.options import MICRO_STEPS
+from fixtures.options import MICRO_STEPS, MIXED
 from transforms.policies import proxy_bytes
 
 
@@ -189,7 +189,8 @@ def check_process_group(run: CellRecord) -> Findings:
     if COMPOSITIONS[cell.composition].replicated:
         wants = [torch_ddp.expected(run.eager_model, k) for k in range(len(run.steps) + 1)]
     else:  # FSDP2 owes every step alike
-        wants = [fsdp2.expected(run.eager_model, cell.sharding, cell.world_size)] * (len(run.steps) + 1)
+        mixed = MIXED.get(cell.dtype)
+        wants = [fsdp2.expected(run.eager_model, cell.sharding, cell.world_size, mixed)] * (len(run.steps) + 1)
     for phase in fsdp2.PHASES:
         groups: dict[tuple, list[int]] = {}
         for k, step in enumerate(run.steps):

@@ -19,7 +19,7 @@ import dataclasses
 
 import torch
 
-from conformance.checks.storages import distinct_storages, padded_bytes
+from conformance.checks.storages import distinct_storages, padded_shape_bytes
 from fixtures.torch_parallel import units
 
 PHASES = ("forward", "backward", "optimizer step")
@@ -45,18 +45,33 @@ def managed(model: torch.nn.Module) -> list[list[torch.Tensor]]:
     return out
 
 
-def gathered_units(model: torch.nn.Module, world_size: int) -> list[list[int]]:
+def _padded(p: torch.Tensor, world_size: int, dtype: torch.dtype | None) -> int:
+    """``p``'s bytes padded as FSDP2 chunks it, in ``dtype`` (None: its own)."""
+    size = p.element_size() if dtype is None else torch.empty((), dtype=dtype).element_size()
+    return padded_shape_bytes(tuple(p.shape), size, world_size)
+
+
+def gathered_units(
+    model: torch.nn.Module, world_size: int, mixed: tuple[torch.dtype, torch.dtype] | None = None
+) -> list[list[int]]:
     """Per unit that manages any storage, innermost first, the padded bytes of each storage
-    its all-gather produces."""
-    return [[padded_bytes(p, world_size) for p in storages] for storages in managed(model) if storages]
+    its all-gather produces (under mixed precision, ``(param_dtype, reduce_dtype)``: in the
+    param dtype, as FSDP2 casts the shards before gathering them)."""
+    gathered = None if mixed is None else mixed[0]
+    return [[_padded(p, world_size, gathered) for p in storages] for storages in managed(model) if storages]
 
 
-def expected(model: torch.nn.Module, sharding: str, world_size: int) -> dict[str, dict[str, Expected]]:
-    """Phase -> kind -> what a training step issues at the process group (kinds not named: none)."""
+def expected(
+    model: torch.nn.Module, sharding: str, world_size: int, mixed: tuple[torch.dtype, torch.dtype] | None = None
+) -> dict[str, dict[str, Expected]]:
+    """Phase -> kind -> what a training step issues at the process group (kinds not named:
+    none). Under mixed precision (``(param_dtype, reduce_dtype)``) the all-gathers move the
+    param dtype and the reduce-scatters the reduce dtype."""
     units_storages = managed(model)
-    gathered = [sum(unit) for unit in gathered_units(model, world_size)]
+    gathered = [sum(unit) for unit in gathered_units(model, world_size, mixed)]
+    reduced_in = None if mixed is None else mixed[1]
     reduced = [
-        sum(padded_bytes(p, world_size) for p in storages if p.requires_grad)
+        sum(_padded(p, world_size, reduced_in) for p in storages if p.requires_grad)
         for storages in units_storages
         if any(p.requires_grad for p in storages)
     ]

@@ -347,7 +347,7 @@ class CellRecord:
     cell: Cell
     rank: int
     device: torch.device
-    dtype: torch.dtype
+    dtype: torch.dtype  # the model's: its parameters, its optimizer's state
     backend: str
     eager_model: nn.Module  # eager single-process model, stepped alongside
     thunder_module: Any  # live, for its shards
@@ -363,6 +363,12 @@ class CellRecord:
     scenario: ScenarioRecord | None = None  # a scenario beyond training (the cell's axis)
     declared: frozenset[str] = frozenset()  # what the xfails file declares of this cell (checks/declared.py)
     reached: ReachedThunder | None = None  # under PyTorch's parallelism: what Thunder compiled
+    # what its forward and backward compute in, where not the model's dtype (FSDP2's mixed precision)
+    compute_dtype: torch.dtype | None = None
+
+    @property
+    def computes_in(self) -> torch.dtype:
+        return self.compute_dtype or self.dtype
 
     @property
     def before(self) -> ParametersAfter:
@@ -370,7 +376,7 @@ class CellRecord:
         module init the eager model adopted Thunder's; the float32 twin starts from the
         eager model's values, upcast)."""
         ref = self.setup.eager_initial if self.init.values_from_eager else self.setup.initial
-        twin = {n: t.float() for n, t in ref.items()} if self.dtype != torch.float32 else None
+        twin = {n: t.float() for n, t in ref.items()} if self.computes_in != torch.float32 else None
         return ParametersAfter(thunder=self.setup.initial, eager_model=ref, twin=twin)
 
     @property

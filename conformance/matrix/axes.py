@@ -18,7 +18,7 @@ from fixtures.executors import EXECUTORS
 from fixtures.inits import INITS
 from fixtures.models import MODELS, fixture_for
 from fixtures.offloads import POLICIES
-from fixtures.options import BUCKETINGS, DTYPES, SCENARIOS, SHARDINGS, TIES
+from fixtures.options import BUCKETINGS, DTYPES, MIXED, SCENARIOS, SHARDINGS, TIES
 
 
 def valid(row: dict[str, Any]) -> bool:
@@ -36,7 +36,15 @@ def valid(row: dict[str, Any]) -> bool:
     # FSDP's sharding does not apply to DDP: its cells carry the default (bucketing names a
     # bucket size there: buckets.ddp_bucket_mb)
     replicated = "composition" in row and COMPOSITIONS[row["composition"]].replicated
-    return not (replicated and row.get("sharding", "zero2") != "zero2")
+    if replicated and row.get("sharding", "zero2") != "zero2":
+        return False
+    # mixed precision is FSDP2's policy
+    return not (row.get("dtype") in MIXED and "composition" in row and not _fsdp2(row["composition"]))
+
+
+def _fsdp2(composition: str) -> bool:
+    c = COMPOSITIONS[composition]
+    return c.parallelism == "torch" and not c.replicated
 
 
 # The axes whose values the worlds probe (the Thunder under test may lack what a value needs).
@@ -56,7 +64,7 @@ def axis_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str,
         "offload": [p for p in POLICIES if p not in unsupported],
         "sharding": list(SHARDINGS),
         "bucketing": list(BUCKETINGS),
-        "dtype": list(DTYPES),
+        "dtype": [d for d in DTYPES if d not in MIXED],  # FSDP2's policy: torch_parallel_values
         "executors": [e for e in EXECUTORS if e not in unsupported],
         "scenario": list(SCENARIOS),
         "world_size": [world_size],
@@ -122,8 +130,8 @@ TORCH_PARALLEL_MODELS = ("tied_lm", "litgpt_llama")
 def torch_parallel_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
     """The values that apply to the compositions of PyTorch's parallelism (those offered):
     the inits they can express, no offloading, FSDP2's reshard_after_forward as the sharding axis (DDP's cells
-    at its default), both dtypes and ties, the scenarios they run; Thunder's default executors. Empty
-    compositions where none is offered."""
+    at its default), both dtypes and ties, and FSDP2's mixed precision, the scenarios they run; Thunder's
+    default executors. Empty compositions where none is offered."""
     values = axis_values(world_size, unsupported)
     values["composition"] = [
         c for c in COMPOSITIONS if c not in unsupported and COMPOSITIONS[c].parallelism == "torch"
@@ -135,6 +143,8 @@ def torch_parallel_values(world_size: int, unsupported: Collection[str] = ()) ->
     # own checkpoint functions)
     scenarios = [s for s in SCENARIOS if s in TORCH_PARALLEL_SCENARIOS]
     values.update(offload=["none"], bucketing=["none"], scenario=scenarios)
+    if any(_fsdp2(c) for c in values["composition"]):
+        values["dtype"] = [*values["dtype"], *MIXED]
     values["executors"] = [EXECUTORS_DEFAULT]
     return values
 
@@ -152,6 +162,7 @@ def by_replication(values: dict[str, list[Any]]) -> list[dict[str, list[Any]]]:
         part = {**values, "composition": compositions}
         part["init"] = [i for i in values["init"] if all(valid({"composition": c, "init": i}) for c in compositions)]
         part["sharding"] = [s for s in values["sharding"] if valid({"composition": compositions[0], "sharding": s})]
+        part["dtype"] = [d for d in values["dtype"] if valid({"composition": compositions[0], "dtype": d})]
         out.append(part)
     return out
 

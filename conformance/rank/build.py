@@ -23,6 +23,7 @@ from conformance.rank import measure, progress, raised
 from conformance.rank.clock import thunder_call
 from conformance.rank.dropout import replace_output_dropout
 from conformance.rank.gather import Gathered, clones, gather, shard, snapshot
+from conformance.rank.mixed import mixed
 from conformance.rank.module_init import module_inits
 from conformance.rank.process_group import counted_group
 from fixtures import inits, patterns
@@ -31,7 +32,7 @@ from fixtures.compositions import COMPOSITIONS, Composition, Setup
 from fixtures.executors import EXECUTORS, ExecutorChoice
 from fixtures.models import ModelFixture, fixture_for
 from fixtures.offloads import POLICIES
-from fixtures.options import BUCKETINGS, DTYPES, SHARDINGS
+from fixtures.options import BUCKETINGS, COMPUTE_DTYPES, DTYPES, MIXED, SHARDINGS
 
 SEED = 1234
 LOADED_OVER = 7_919  # module init's seed offset where a state dict is loaded over its draws
@@ -52,7 +53,14 @@ class Recipe:
     executors: ExecutorChoice
     plan: SetupPlan
     device: torch.device
-    dtype: torch.dtype
+    dtype: torch.dtype  # the model's: its parameters, its optimizer's state
+    # what its forward and backward compute in: the model's dtype, or FSDP2's mixed precision's
+    compute_dtype: torch.dtype
+
+    @property
+    def mixed(self) -> bool:
+        """FSDP2 computes below the parameters' dtype (``MixedPrecisionPolicy``)."""
+        return self.compute_dtype != self.dtype
 
     @property
     def make(self) -> Callable[[], nn.Module]:
@@ -88,6 +96,7 @@ def recipe(cell: Cell, device: torch.device) -> Recipe:
         plan=plan(cell),
         device=device,
         dtype=DTYPES[cell.dtype],
+        compute_dtype=COMPUTE_DTYPES[cell.dtype],
     )
 
 
@@ -131,6 +140,8 @@ def build_eager_model(recipe: Recipe) -> EagerModel:
     with torch.device(recipe.device), measure.measure(recipe.device) as construction:
         module = recipe.make().to(recipe.dtype)
     replace_output_dropout(module, recipe.fixture.output_dropout)
+    if recipe.mixed:
+        mixed(module, recipe.compute_dtype)
     return EagerModel(
         module=module,
         shapes={n: p.shape for n, p in module.named_parameters()},
@@ -189,6 +200,7 @@ def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
             recipe.executors.jit_options(),
             ddp_options,
             fsdp2_reshard=recipe.cell.sharding == "zero3",
+            fsdp2_mixed=MIXED.get(recipe.cell.dtype),
             process_group=group,
         )
         tm = recipe.composition.build(model, how)

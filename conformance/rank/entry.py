@@ -95,6 +95,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
         rank=rank,
         device=parts.device,
         dtype=parts.dtype,
+        compute_dtype=parts.compute_dtype if parts.mixed else None,
         backend=dist.get_backend(),
         eager_model=eager_model.module,
         thunder_module=tm,

@@ -10,7 +10,6 @@ saves are recorded, and eager PyTorch's own peaks for the same input are taken b
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from conformance.rank.dropout import drawn_masks, replayed
 from conformance.rank.eager import loss, loss_region, unweighable
 from conformance.rank.gather import apart_from_rank0, cpu_copies, snapshot
 from conformance.rank.measure import Ledger, measure, unmeasurable
+from conformance.rank.mixed import float32_twin
 from conformance.rank.process_group import calls_for, counting
 from conformance.rank.references import Eager, Float64AtThunder, LocalAtThunder, Twin, TwinAtThunder
 from fixtures import patterns
@@ -116,6 +116,7 @@ class _Lockstep:
     def step(self, step: int, optimizer: str, optimizers: list[torch.optim.Optimizer | None]) -> None:
         """One step of every model, recorded; the measured step also records its memory."""
         device, dtype, tm, rank = self.recipe.device, self.recipe.dtype, self.thunder, self.rank
+        compute = self.recipe.compute_dtype  # the output's, and its cotangent's
         eager, twin, training, ledger = self.eager, self.twin, self.training, self.ledger
         measured = step == MEASURED_STEP
         inputs = [self.recipe.fixture.make_input(generator(step, r), dtype).to(device) for r in range(self.world)]
@@ -139,10 +140,10 @@ class _Lockstep:
         # the references at the Thunder module's weights copy every rank's buffers as they stand
         # now, before eager's forward of this step updates them
         local = LocalAtThunder.taken(eager, self.weights)
-        float64 = Float64AtThunder.taken(eager, local) if dtype == torch.float32 else None
+        float64 = Float64AtThunder.taken(eager, local) if compute == torch.float32 else None
         eager_outs = eager.forward(inputs)
         cotangents = [
-            torch.randn(o.shape, generator=generator(step, r, 7)).to(device, dtype) for r, o in enumerate(eager_outs)
+            torch.randn(o.shape, generator=generator(step, r, 7)).to(device, compute) for r, o in enumerate(eager_outs)
         ]
         if (wrong := unweighable(out, eager_outs[rank])) is not None:
             raise ThunderReturnedWrong(f"step {step}: the Thunder module's output {wrong}")
@@ -229,7 +230,7 @@ def train(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: in
     """STEPS steps of each optimizer in turn, on fresh optimizers, all models in lockstep."""
     # Below float32, eager's own rounding sets the tolerance: a float32 twin trains in lockstep
     # and Thunder may stray from it at most a stated factor further than eager does.
-    twin = copy.deepcopy(eager_model.module).float() if recipe.dtype != torch.float32 else None
+    twin = float32_twin(eager_model.module, recipe)
     lockstep = _Lockstep(recipe, eager_model, tm, twin, rank, world)
     training = lockstep.training
     step = 0

@@ -1,8 +1,9 @@
 """FSDP2's arithmetic (conformance/checks/fsdp2.py) against FSDP2 itself: eager PyTorch, no
 Thunder, sharded as the kit's compositions shard it, counted at the process group as the ranks
 count (conformance/rank/process_group.py). Units, padding at a world size that divides no
-first dimension, a tied weight, frozen parameters, ZERO2 and ZERO3: each phase's count and
-bytes of every kind equal the derived ones."""
+first dimension, a tied weight, frozen parameters, ZERO2 and ZERO3, mixed precision (bfloat16
+gathers, float32 reduce-scatters): each phase's count and bytes of every kind equal the derived
+ones."""
 
 from __future__ import annotations
 
@@ -14,17 +15,21 @@ import torch
 from conformance.checks import collectives, fsdp2
 from conformance.checks.record import Issued
 from fixtures.models import fixture_for
-from fixtures.options import MICRO_STEPS
+from fixtures.options import MICRO_STEPS, MIXED
 from tests.support.issued import counted_pass, owed, tallied
 
-# world size -> the cases one world runs in turn: (model, tied, sharding)
+# world size -> the cases one world runs in turn: (model, tied, sharding, dtype)
 pytestmark = pytest.mark.slow  # spawns worlds of 3 and 2 ranks
 
 CASES = {
     # blocks and the root, the tied embedding the root's; the root alone (3 divides no first dimension)
-    3: [("litgpt_llama", True, "zero3"), ("tied_lm", True, "zero3")],
-    # frozen parameters: gathered, never reduced
-    2: [("litgpt_llama", False, "zero2"), ("lora", False, "zero2")],
+    3: [("litgpt_llama", True, "zero3", "float32"), ("tied_lm", True, "zero3", "float32")],
+    # frozen parameters: gathered, never reduced; FSDP2's mixed precision
+    2: [
+        ("litgpt_llama", False, "zero2", "float32"),
+        ("lora", False, "zero2", "float32"),
+        ("litgpt_llama", True, "zero3", "mixed_bfloat16"),
+    ],
 }
 
 
@@ -46,9 +51,11 @@ def _train_one_step(rank: int, world: int, store: str, out: str) -> None:
     try:
         group = counted_group()
         issued = []
-        for name, tied, sharding in CASES[world]:
-            reshard = sharding == "zero3"
-            how = types.SimpleNamespace(device=torch.device("cpu"), process_group=group, fsdp2_reshard=reshard)
+        for name, tied, sharding, dtype in CASES[world]:
+            reshard, mixed = sharding == "zero3", MIXED.get(dtype)
+            how = types.SimpleNamespace(
+                device=torch.device("cpu"), process_group=group, fsdp2_reshard=reshard, fsdp2_mixed=mixed
+            )
             model, _ = _fully_shard(_model(name, tied), how)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             x = fixture_for(name).make_input(torch.Generator().manual_seed(rank), torch.float32)
@@ -81,8 +88,8 @@ def test_derived_counts_and_bytes_are_what_fsdp2_issues(tmp_path, world: int) ->
     mp.spawn(_train_one_step, args=(world, str(tmp_path / "store"), str(out)), nprocs=world, join=True)
     for rank in range(world):
         issued = torch.load(f"{out}.{rank}", weights_only=False)
-        for (name, tied, sharding), (calls, scenarios) in zip(CASES[world], issued, strict=True):
-            want = fsdp2.expected(_model(name, tied), sharding, world)
+        for (name, tied, sharding, dtype), (calls, scenarios) in zip(CASES[world], issued, strict=True):
+            want = fsdp2.expected(_model(name, tied), sharding, world, MIXED.get(dtype))
             assert tallied(calls) == owed(want), f"{name} {sharding}, rank {rank}"
             # each scenario as the collectives area derives it from a training step's numbers
             for scenario, scenario_calls in scenarios.items():

@@ -21,7 +21,12 @@ from fixtures.models import MODELS
 
 def check(run: CellRecord) -> Findings:
     found = Findings()
-    low = run.dtype != torch.float32
+    # below float32 (what the cell computes in) tolerances come from eager's own error against
+    # the float32 twin; outputs and gradients are rounded in the compute dtype, the parameters
+    # stored and updated in the model's (they differ under FSDP2's mixed precision, where the
+    # reductions' roundings are taken in the compute dtype too: a bound above its float32 ones)
+    dtype, held = run.computes_in, run.dtype
+    low = dtype != torch.float32
     before = run.before
     failed: set[str] = set()  # kinds already failing: only the first step is reported
     stage: list[StepRecord] = []  # the steps of the optimizer now stepping (each starts fresh)
@@ -36,7 +41,7 @@ def check(run: CellRecord) -> Findings:
     for k, step in enumerate(run.steps):
         stage = [*stage, step] if stage and stage[-1].optimizer == step.optimizer else [step]
         if low:
-            moved = propagated_per_parameter(stage, step.after.twin or {}, run.dtype, run.cell.world_size)
+            moved = propagated_per_parameter(stage, step.after.twin or {}, dtype, run.cell.world_size)
             drift = {n: drift[n] + m if n in drift else m for n, m in moved.items()}
         twin_step, at_thunder = step.twin, step.twin_at_thunder  # below float32 only
         twin_output = named_output(twin_step.output) if twin_step is not None else None
@@ -59,7 +64,7 @@ def check(run: CellRecord) -> Findings:
         # below float32, gradients may also stray as far as eager's own when each rank's is
         # computed alone (rounded per rank, as a data-parallel rank rounds it before reducing)
         at_thunder_grads = at_thunder.grads if at_thunder is not None else None
-        local = Local.of(step.local_at_thunder, at_thunder_grads, run.cell.world_size - 1, run.dtype)
+        local = Local.of(step.local_at_thunder, at_thunder_grads, run.cell.world_size - 1, dtype)
         # a parameter eager trains that got no gradient from Thunder at all (no rank's shard):
         # its update, every later output and step follow from that alone, so the loop reports
         # the missing gradients and ends there, saying what it left unjudged
@@ -79,8 +84,10 @@ def check(run: CellRecord) -> Findings:
             # nightly (2026-11-23): docs/measurements.md#numerics-the-cells-behind-the-allowances
             roundings = 3 * (k + 1) if kind == "buffers" else 1
             fields = {"quantity": kind, "step": k, "optimizer": step.optimizer}
+            rounded = held if kind == "parameters" else dtype
+            allowance = allowed.get(kind)
             if not compare(
-                found, what, actual, expected, twin, run.dtype, allowed.get(kind), per_rank, roundings, fields
+                found, what, actual, expected, twin, rounded, allowance, per_rank, roundings, fields, fixed=not low
             ):
                 failed.add(kind)
         if lost:
@@ -90,7 +97,7 @@ def check(run: CellRecord) -> Findings:
                 "later comparison follows from that"
             )
             break
-        if low and "update" not in failed and not judge_update(found, k, stage, before, run.dtype, moved):
+        if low and "update" not in failed and not judge_update(found, k, stage, before, held, moved):
             failed.add("update")
         # the same gradients one precision up: what the dtype's roundings did to eager's
         float64 = step.float64_at_thunder
@@ -104,7 +111,7 @@ def check(run: CellRecord) -> Findings:
                 step.grads,
                 step.local_at_thunder,
                 reference,
-                run.dtype,
+                dtype,
                 constants,
                 additions,
                 shards,
@@ -122,7 +129,7 @@ def check(run: CellRecord) -> Findings:
         # the kit seeds the ranks apart only under the inits that broadcast (conformance/rank/build.py)
         judge_dropout(found, masks, fixture.output_dropout, seeded_apart=INITS[run.cell.init].broadcast)
     if run.scenario is not None:
-        judge_scenario(found, run.scenario, run.dtype, run.cell.world_size)
+        judge_scenario(found, run.scenario, dtype, run.cell.world_size)
 
     # Tied names must resolve to one parameter: one shard, one gradient, one update.
     for group in tie_groups(run.eager_model):

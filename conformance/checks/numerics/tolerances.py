@@ -48,13 +48,16 @@ def compare(
     local: Local | None = None,
     roundings: int = 1,
     fields: Mapping[str, Any] | None = None,
+    fixed: bool | None = None,
 ) -> bool:
     """Tensors of one kind against eager's (failures ``numerics.tensor`` per element and
     ``numerics.distance`` as a whole, with ``fields`` and the tensor's name): in float32 at
     FLOAT32; below it per element from eager's own error against the float32 twin ``twin`` (plus the worst element of
     ``drift``, per name), and each tensor as a whole (plus the norm of ``drift``). ``local``:
-    gradients eager computed per rank beside their twin, whose error counts as eager's too."""
-    if dtype == torch.float32:
+    gradients eager computed per rank beside their twin, whose error counts as eager's too.
+    ``fixed``: FLOAT32's tolerances (None: where ``dtype`` is float32; a float32 tensor computed
+    below it, FSDP2's mixed precision's parameters, is held to eager's error instead)."""
+    if (dtype == torch.float32) if fixed is None else fixed:
         return found.close(TENSOR, what, actual, expected, fields=fields, **FLOAT32)
     per_name = eager_error(expected, twin, dtype, local, roundings)
     for n, d in (drift or {}).items():

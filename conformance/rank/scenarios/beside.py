@@ -4,7 +4,6 @@ global batch, and eager's gradients of the ranks' averaged loss."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +14,7 @@ from torch import nn
 from conformance.checks.record import RankGradients
 from conformance.rank.build import EagerModel, Recipe
 from conformance.rank.eager import EagerPass, eager_gradients, holding
+from conformance.rank.mixed import float32_twin
 from conformance.rank.train import STEPS, generator
 from fixtures.optimizers import OPTIMIZERS
 
@@ -34,7 +34,7 @@ class Eager:
     @classmethod
     def beside(cls, recipe: Recipe, eager_model: EagerModel, tm: Any) -> Eager:
         module = holding(eager_model.module, eager_model.gather(tm))
-        twin = copy.deepcopy(module).float() if recipe.dtype != torch.float32 else None  # .float() is in place
+        twin = float32_twin(module, recipe)
         return cls(module, twin)
 
 
@@ -60,7 +60,8 @@ class Batch:
         inputs = [make(generator(step, r), dtype).to(device) for r in range(world)]
         with torch.no_grad():
             shapes = [eager(x).shape for x in inputs]
-        cotangents = [torch.randn(s, generator=generator(step, r, 7)).to(device, dtype) for r, s in enumerate(shapes)]
+        compute = recipe.compute_dtype  # the output's
+        cotangents = [torch.randn(s, generator=generator(step, r, 7)).to(device, compute) for r, s in enumerate(shapes)]
         return cls(inputs, cotangents)
 
 
