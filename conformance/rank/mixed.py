@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from conformance.rank.build import Recipe
 
 
 def mixed(module: nn.Module, compute: torch.dtype) -> nn.Module:
@@ -42,10 +39,10 @@ def unmixed(module: nn.Module) -> nn.Module:
     return module
 
 
-def float32_twin(module: nn.Module, recipe: Recipe) -> nn.Module | None:
+def float32_twin(module: nn.Module, compute: torch.dtype) -> nn.Module | None:
     """A float32 copy of the eager ``module`` computing in float32, where the cell computes
-    below it (its tolerances' reference); None where it computes in float32."""
-    if recipe.compute_dtype == torch.float32:
+    below it (``compute``: its tolerances' reference); None where it computes in float32."""
+    if compute == torch.float32:
         return None
     return unmixed(copy.deepcopy(module)).float()  # .float() is in place
 

@@ -230,7 +230,7 @@ def train(recipe: Recipe, eager_model: EagerModel, tm: Any, rank: int, world: in
     """STEPS steps of each optimizer in turn, on fresh optimizers, all models in lockstep."""
     # Below float32, eager's own rounding sets the tolerance: a float32 twin trains in lockstep
     # and Thunder may stray from it at most a stated factor further than eager does.
-    twin = float32_twin(eager_model.module, recipe)
+    twin = float32_twin(eager_model.module, recipe.compute_dtype)
     lockstep = _Lockstep(recipe, eager_model, tm, twin, rank, world)
     training = lockstep.training
     step = 0

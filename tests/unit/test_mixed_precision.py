@@ -80,8 +80,7 @@ def test_the_twin_computes_in_float32_again() -> None:
     from conformance.rank.mixed import float32_twin, mixed
 
     model = mixed(_model("mlp", False), torch.bfloat16)
-    recipe = types.SimpleNamespace(compute_dtype=torch.bfloat16)
-    twin = float32_twin(model, recipe)
+    twin = float32_twin(model, torch.bfloat16)
     x = torch.randn(4, 12)
     assert model(x).dtype == torch.bfloat16 and twin(x).dtype == torch.float32
-    assert float32_twin(model, types.SimpleNamespace(compute_dtype=torch.float32)) is None
+    assert float32_twin(model, torch.float32) is None

@@ -34,7 +34,7 @@ class Eager:
     @classmethod
     def beside(cls, recipe: Recipe, eager_model: EagerModel, tm: Any) -> Eager:
         module = holding(eager_model.module, eager_model.gather(tm))
-        twin = float32_twin(module, recipe)
+        twin = float32_twin(module, recipe.compute_dtype)
         return cls(module, twin)
 
 
