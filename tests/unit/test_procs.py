@@ -4,7 +4,6 @@ torchrun's own log, read for the rank's pid, gives the same account /proc would 
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -12,11 +11,19 @@ from pathlib import Path
 
 from conformance.world import procs
 
-# rank 1 kills itself; rank 0 waits until torchrun ends it (SIGTERM when it closes the world)
+# rank 1 kills itself once rank 0 has said its pid (on a loaded host rank 0 may still be
+# starting when rank 1 dies, and torchrun would end it before it wrote one); rank 0 waits
+# until torchrun ends it (SIGTERM when it closes the world)
 PROGRAM = """
 import os, signal, sys, time
-open(f"{sys.argv[1]}/rank{os.environ['RANK']}.pid", "w").write(str(os.getpid()))
+folder = sys.argv[1]
+with open(f"{folder}/rank{os.environ['RANK']}.tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace(f"{folder}/rank{os.environ['RANK']}.tmp", f"{folder}/rank{os.environ['RANK']}.pid")
 if os.environ["RANK"] == "1":
+    deadline = time.monotonic() + 60
+    while not os.path.exists(f"{folder}/rank0.pid") and time.monotonic() < deadline:
+        time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGKILL)
 time.sleep(60)
 """
@@ -28,7 +35,7 @@ def test_torchruns_log_tells_how_a_reaped_rank_ended(tmp_path: Path) -> None:
     with log.open("wb") as out:
         launched = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--monitor-interval=0.2",
-             f"--master-port={random.randint(20000, 30000)}", str(tmp_path / "program.py"), str(tmp_path)],
+             "--standalone", str(tmp_path / "program.py"), str(tmp_path)],
             stdout=out, stderr=subprocess.STDOUT, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
         )  # fmt: skip
     assert launched.returncode != 0, log.read_text()
