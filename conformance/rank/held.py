@@ -20,6 +20,7 @@ import torch
 
 from conformance.checks.record import ForwardHeld
 from conformance.rank.measure import Ledger, plain_tensors, storage_identity
+from conformance.rank.mixed import casts_made, computed_in
 
 
 def before_forward(ledger: Ledger) -> set[int] | None:
@@ -29,11 +30,18 @@ def before_forward(ledger: Ledger) -> set[int] | None:
 
 
 def forward_held(
-    out: Any, registered: Iterator[torch.Tensor], ledger: Ledger, before: set[int] | None, weights: Mapping[str, Any]
+    out: Any,
+    registered: Iterator[torch.Tensor],
+    ledger: Ledger,
+    before: set[int] | None,
+    weights: Mapping[str, Any],
+    compute: torch.dtype | None = None,
 ) -> ForwardHeld | None:
     """Read after a forward whose result is ``out``: ``registered`` are the model's parameters
     as registered now (FSDP2's unsharded ones where it keeps them after the forward),
-    ``weights`` every parameter's full values as the step began, by name."""
+    ``weights`` every parameter's full values as the step began, by name; ``compute``: the
+    dtype the forward computed in, where not the parameters' (FSDP2's mixed precision: a
+    copy may hold their values cast to it)."""
     storages = ledger.storages()
     if storages is None or before is None:
         return None
@@ -46,7 +54,7 @@ def forward_held(
         if key in own:
             continue
         for name, w in weights.items():
-            if isinstance(w, torch.Tensor) and _holds_values(storage, w):
+            if isinstance(w, torch.Tensor) and _holds_values(storage, w, compute):
                 copies[name] = copies.get(name, 0) + storage.nbytes()
     return ForwardHeld(
         alive=sum(s.nbytes() for s in made.values()),
@@ -59,13 +67,15 @@ def forward_held(
 def copies_in_eager(module: torch.nn.Module, x: torch.Tensor, device: torch.device) -> dict[str, int]:
     """The parameters eager PyTorch's own forward of ``module`` on ``x`` leaves a copy of alive
     (the model's code may cast a weight, as litgpt's RMSNorm computes with
-    ``weight.float()``): by name, bytes, as ``forward_held`` reads them."""
+    ``weight.float()``): by name, bytes, as ``forward_held`` reads them. Under FSDP2's mixed
+    precision (conformance/rank/mixed.py) the forward's casts of the parameters are what FSDP2
+    gathers and registers for the forward, not copies: read as registered."""
     ledger = Ledger(device)
     before = before_forward(ledger)
-    with ledger.phase():
+    with ledger.phase(), casts_made(module) as casts:
         out = module(x)
     weights = {name: p.detach() for name, p in module.named_parameters()}
-    found = forward_held(out, module.parameters(), ledger, before, weights)
+    found = forward_held(out, [*module.parameters(), *casts], ledger, before, weights, computed_in(module))
     return {} if found is None else found.copies
 
 
@@ -99,13 +109,13 @@ def _saved(out: Any) -> list[torch.Tensor]:
     return found
 
 
-def _holds_values(storage: torch.UntypedStorage, w: torch.Tensor) -> bool:
-    """Whether ``storage`` begins with ``w``'s values or its transpose's, in ``w``'s dtype or
-    float32, and is no larger than twice ``w`` (a padded gathered copy fits). A constant
-    parameter (a norm's ones, a zero-initialized adapter) tells nothing apart: never matched."""
+def _holds_values(storage: torch.UntypedStorage, w: torch.Tensor, compute: torch.dtype | None = None) -> bool:
+    """Whether ``storage`` begins with ``w``'s values or its transpose's, in ``w``'s dtype,
+    float32 or ``compute``, and is no larger than twice ``w`` (a padded gathered copy fits). A
+    constant parameter (a norm's ones, a zero-initialized adapter) tells nothing apart: never matched."""
     if w.numel() < 2 or w.device != storage.device or bool((w == w.flatten()[0]).all()):
         return False
-    for dtype in dict.fromkeys((w.dtype, torch.float32)):
+    for dtype in dict.fromkeys((w.dtype, torch.float32, compute or w.dtype)):
         count = storage.nbytes() // dtype.itemsize
         if not w.numel() <= count <= 2 * w.numel():
             continue

@@ -13,8 +13,10 @@ them back."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -30,6 +32,23 @@ def mixed(module: nn.Module, compute: torch.dtype) -> nn.Module:
         unit.__class__ = _casting(type(unit), compute)
     module.__class__ = _computing(type(module), compute)
     return module
+
+
+def computed_in(module: nn.Module) -> torch.dtype | None:
+    """The dtype ``mixed`` made ``module`` compute in (None: its parameters')."""
+    return getattr(type(module), "_kit_compute", None)
+
+
+@contextlib.contextmanager
+def casts_made(module: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """The casts of the parameters ``module``'s forwards make in the block (none where it is
+    not ``mixed``): the tensors FSDP2 would gather and register for the forward."""
+    casts: list[torch.Tensor] = []
+    module.__dict__["_kit_casts"] = casts
+    try:
+        yield casts
+    finally:
+        module.__dict__.pop("_kit_casts", None)
 
 
 def unmixed(module: nn.Module) -> nn.Module:
@@ -72,8 +91,11 @@ def _computing(base: type[nn.Module], compute: torch.dtype) -> type[nn.Module]:
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         cast = {name: p.to(compute) for name, p in nn.Module.named_parameters(self)}
+        if "_kit_casts" in self.__dict__:  # casts_made is reading them
+            self.__dict__["_kit_casts"].extend(cast.values())
         args, kwargs = _cast(args, kwargs, compute)
         with _reparametrize_module(self, cast, tie_weights=True):
             return base.forward(self, *args, **kwargs)
 
-    return type(f"Computing{base.__name__}", (base,), {"forward": forward, "_kit_uncast": base})
+    attributes = {"forward": forward, "_kit_uncast": base, "_kit_compute": compute}
+    return type(f"Computing{base.__name__}", (base,), attributes)
