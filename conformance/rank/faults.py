@@ -32,9 +32,20 @@ HOW: dict[str, Callable[[], None]] = {
 }
 
 
+def loses(process: int, how: str) -> bool:
+    """Whether this process is the world's process ``process`` that is lost (its RANK, which in
+    a simulated world is the process's index, not the rank it acts as). A node is another
+    machine's: the first process of the first agent's node (the kit's node 1) stands for it,
+    whatever RANK the rendezvous gave it (torchrun orders the nodes by their descriptors, not
+    by who hosts the store: the controller's node may hold rank 1)."""
+    if how == "node":
+        return os.environ.get(protocol.ENV_NODE) == "1" and os.environ.get("LOCAL_RANK") == "0"
+    return int(os.environ["RANK"]) == process
+
+
 def lose(fn: str, kwargs: dict[str, Any], process: int, phase: str, how: str) -> Any:
-    """Run the task ``fn(**kwargs)``; the world's process ``process`` (its RANK, which in a
-    simulated world is the process's index, not the rank it acts as) is lost entering ``phase``."""
-    armed = progress.lost_at(phase, HOW[how]) if int(os.environ["RANK"]) == process else contextlib.nullcontext()
+    """Run the task ``fn(**kwargs)``; the world's process ``process`` (``loses``) is lost
+    entering ``phase``."""
+    armed = progress.lost_at(phase, HOW[how]) if loses(process, how) else contextlib.nullcontext()
     with armed:
         return inner.call(fn, kwargs)

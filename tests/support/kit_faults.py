@@ -90,11 +90,12 @@ def probe_with_fault(fault: str, marker: str) -> Any:
     machine's rank: its agent, torchrun and itself killed), while probing: at the first probe
     only, or every time; ``marker`` (a folder the pytest process made) remembers the first
     across worlds."""
-    from conformance.rank.faults import HOW
+    from conformance.rank.faults import HOW, loses
     from conformance.rank.probe import probe_compositions
 
     first = not os.path.exists(os.path.join(marker, "lost"))
-    if int(os.environ["RANK"]) == 1 and (first or fault.endswith("_always")):
+    how = "stop" if "_stopped_" in fault else "node" if "_node_" in fault else "kill"
+    if loses(1, how) and (first or fault.endswith("_always")):
         open(os.path.join(marker, "lost"), "w").close()
-        HOW["stop" if "_stopped_" in fault else "node" if "_node_" in fault else "kill"]()
+        HOW[how]()
     return probe_compositions()

@@ -3,16 +3,18 @@ naming the rank, its node and the phase; a join agent started in the lost node's
 Slurm or a person restarts one) serves every later cell, each judged as in a clean run; the
 reports are whole, and nothing of the run outlives it.
 
-One suite run holds the whole matrix: node 1 (its join agent, torchrun and rank 1, SIGKILLed
-at once by rank 1: see conformance/rank/faults.py) is lost in the first composition probe,
+One suite run holds the whole matrix: node 1 (its join agent, torchrun and its rank, SIGKILLed
+at once by that rank: see conformance/rank/faults.py) is lost in the first composition probe,
 each of the cheapest real cells of ci loses it at another phase, the cheapest is left
 clean, and the agent serving node 1 at the end is SIGKILLed while the reports are written.
 The test keeps an agent running on "node 1" throughout, starting a new one whenever the
-last has exited."""
+last has exited. Which rank node 1 holds is the rendezvous's choice (torchrun orders the nodes
+by their descriptors, the torchruns' pids on one host), so the lost rank is named by its node."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import threading
@@ -112,10 +114,11 @@ def test_a_node_lost_at_each_phase_fails_that_cell_alone_and_a_new_agent_takes_i
             assert item["outcome"] == "failed", (cell.id, phase, item)
             head = item["message"].splitlines()[0]
             assert "the kit broke" not in item["message"]
-            assert "did not run to completion: rank 1 died during " in head and phase in head, head
+            assert re.search(r"did not run to completion: rank [01] died during ", head) and phase in head, head
             assert "node 1 (" in item["message"] and "stopped answering" in item["message"], item["message"]
     retried = [w for w in run.report["warnings"] if "did not complete at first and did on a fresh world" in w]
-    assert len(retried) == 1 and "rank 1: died" in retried[0] and "node 1 (" in retried[0], run.report["warnings"]
+    assert len(retried) == 1 and re.search(r"rank [01]: died", retried[0]), run.report["warnings"]
+    assert "node 1 (" in retried[0], retried[0]
     # the node was lost in the probe and once per faulted cell, and a new agent held it for each
     # world after; the last was killed while the reports were written, which are whole
     exits = [agent.returncode for agent in node.agents]
