@@ -1,6 +1,6 @@
 """tools/gpu/device_run.sh, the GPU path in one window, rehearsed on this CPU machine (issue
 58): every step but CUDA's runs (the suite on gloo, a planted bug that must make its run
-fail, the ci step on the smoke profile to stay short), the CUDA-only probes say they were
+fail, the ci step on the smoke profile's cheapest cell to stay short), the CUDA-only probes say they were
 skipped, nothing needs the network (no install), and tools/gpu/runs_table.py makes
 docs/gpu-runs.md's table of what it left."""
 
@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.suite_runs import ROOT
+from conformance.matrix.cost import expected_seconds
+from conformance.matrix.profiles import cells
+from tests.support.suite_runs import ROOT, offered, probed_on_this_machine
 
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 import runs_table
@@ -22,6 +24,8 @@ import runs_table
 @pytest.mark.slow
 def test_the_gpu_path_rehearses_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "out"
+    probed = probed_on_this_machine()
+    cheapest = min((c for c in cells("smoke", 2, probed) if offered(c, probed)), key=expected_seconds)
     env = {
         **os.environ,
         "OUT": str(out),
@@ -29,6 +33,7 @@ def test_the_gpu_path_rehearses_on_cpu(tmp_path: Path) -> None:
         "PYTHON": sys.executable,
         "PLANTED": "originals_kept",
         "CI_PROFILE": "smoke",
+        "CI_ARGS": f"-k {cheapest.id}",
         "CI_LIMIT": "300",
     }
     run = subprocess.run(

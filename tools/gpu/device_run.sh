@@ -45,6 +45,7 @@ step smoke 150 $K --profile smoke --report-dir "$OUT/r/smoke"
 for bug in ${PLANTED:-originals_kept intermediates_not_freed backward_hook_not_called policy_offloads_nothing}; do
     CONFORMANCE_PLANTED_BUG=$bug step "planted_$bug" 200 $K -p tests.support.plant_plugin --profile smoke --report-dir "$OUT/r/planted_$bug" &
 done
-step ci "${CI_LIMIT:-240}" $K --profile "${CI_PROFILE:-ci}" --report-dir "$OUT/r/ci"
+# CI_ARGS: more pytest arguments for the ci step (the rehearsal's: one cell, the smoke step has run them all)
+step ci "${CI_LIMIT:-240}" $K --profile "${CI_PROFILE:-ci}" --report-dir "$OUT/r/ci" ${CI_ARGS:-}
 wait
 tar -C "$OUT/r" -czf "$OUT/reports.tgz" . && rm -rf "$OUT/r"
