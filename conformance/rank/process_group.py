@@ -147,7 +147,9 @@ def _registered() -> None:
     dist.Backend.register_backend(COUNTED_BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
-_groups: dict[int, CountingGroup] = {}  # one per world (keyed by the default group's identity)
+# one per world: the default group it was made in, and it (held, so that a later world's
+# default group cannot be taken for this one's)
+_made: tuple[Any, CountingGroup] | None = None
 _wrapping: Any = None  # the group a CountingGroup being made will hand its collectives to
 
 
@@ -156,16 +158,16 @@ def counted_group() -> CountingGroup:
     world, on every rank at once (as ``new_group`` is), where PyTorch's parallelism is first
     composed. What it hands them to is a group torch made as ``new_group`` makes any, of the
     world's backend, so that every collective c10d offers goes through as it would."""
-    global _wrapping
-    key = id(dist.distributed_c10d._get_default_group())
-    if key not in _groups:
+    global _made, _wrapping
+    world = dist.distributed_c10d._get_default_group()
+    if _made is None or _made[0] is not world:
         _registered()
         _wrapping = dist.new_group()
         try:
-            _groups[key] = dist.new_group(backend=COUNTED_BACKEND)
+            _made = (world, dist.new_group(backend=COUNTED_BACKEND))
         finally:
             _wrapping = None
-    return _groups[key]
+    return _made[1]
 
 
 def _counted(name: str, original: Any) -> Any:
