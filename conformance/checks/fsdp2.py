@@ -47,7 +47,7 @@ def managed(model: torch.nn.Module) -> list[list[torch.Tensor]]:
 
 def _padded(p: torch.Tensor, world_size: int, dtype: torch.dtype | None) -> int:
     """``p``'s bytes padded as FSDP2 chunks it, in ``dtype`` (None: its own)."""
-    size = p.element_size() if dtype is None else torch.empty((), dtype=dtype).element_size()
+    size = p.element_size() if dtype is None else dtype.itemsize
     return padded_shape_bytes(tuple(p.shape), size, world_size)
 
 

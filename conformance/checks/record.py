@@ -363,7 +363,8 @@ class CellRecord:
     scenario: ScenarioRecord | None = None  # a scenario beyond training (the cell's axis)
     declared: frozenset[str] = frozenset()  # what the xfails file declares of this cell (checks/declared.py)
     reached: ReachedThunder | None = None  # under PyTorch's parallelism: what Thunder compiled
-    # what its forward and backward compute in, where not the model's dtype (FSDP2's mixed precision)
+    # what its forward and backward compute in: the model's dtype but under FSDP2's mixed
+    # precision (None, in a record made without it: the model's)
     compute_dtype: torch.dtype | None = None
 
     @property

@@ -95,7 +95,7 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = 
         rank=rank,
         device=parts.device,
         dtype=parts.dtype,
-        compute_dtype=parts.compute_dtype if parts.mixed else None,
+        compute_dtype=parts.compute_dtype,
         backend=dist.get_backend(),
         eager_model=eager_model.module,
         thunder_module=tm,

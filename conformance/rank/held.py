@@ -40,8 +40,8 @@ def forward_held(
     """Read after a forward whose result is ``out``: ``registered`` are the model's parameters
     as registered now (FSDP2's unsharded ones where it keeps them after the forward),
     ``weights`` every parameter's full values as the step began, by name; ``compute``: the
-    dtype the forward computed in, where not the parameters' (FSDP2's mixed precision: a
-    copy may hold their values cast to it)."""
+    dtype the forward computed in (under FSDP2's mixed precision below the parameters': a copy
+    may hold their values cast to it)."""
     storages = ledger.storages()
     if storages is None or before is None:
         return None

@@ -4,7 +4,7 @@ and DDP every collective is theirs, so one that Thunder's compiled code issues i
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tests.planted.cells import Pred
@@ -19,6 +19,19 @@ OVER_DDP: Pred = lambda cell: THUNDERFX(cell) and not OVER_FSDP2(cell)  # noqa: 
 STRAY = "all_reduces: expected 0, got"
 
 
+
+def _each_call_first(sync: Callable[[], Any]) -> contextlib.AbstractContextManager[None]:
+    """Every graph ThunderFX compiles calls ``sync`` first on each call."""
+
+    def synced(split: Any) -> Any:
+        def call(*inputs: Any) -> Any:
+            sync()
+            return split(*inputs)
+
+        return call
+
+    return each_compiled_graph(synced)
+
 # the smallest stray collective there is: one all-reduce of one float per compiled graph's call
 @planted(
     {"collectives": Expect(THUNDERFX, words=STRAY)},
@@ -32,14 +45,7 @@ def thunderfx_syncs_every_call() -> Iterator[None]:
     and each forward issues one collective more than FSDP2's own."""
     import torch
 
-    def synced(split: Any) -> Any:
-        def call(*inputs: Any) -> Any:
-            torch.distributed.all_reduce(torch.zeros(1))
-            return split(*inputs)
-
-        return call
-
-    with each_compiled_graph(synced):
+    with _each_call_first(lambda: torch.distributed.all_reduce(torch.zeros(1))):
         yield
 
 
@@ -60,13 +66,9 @@ def thunderfx_syncs_through_functional_collectives() -> Iterator[None]:
 
     from conformance.rank.process_group import counted_group
 
-    def synced(split: Any) -> Any:
-        def call(*inputs: Any) -> Any:
-            functional = torch.ops._c10d_functional
-            functional.wait_tensor(functional.all_reduce(torch.zeros(1), "sum", counted_group().group_name))
-            return split(*inputs)
+    def sync() -> None:
+        functional = torch.ops._c10d_functional
+        functional.wait_tensor(functional.all_reduce(torch.zeros(1), "sum", counted_group().group_name))
 
-        return call
-
-    with each_compiled_graph(synced):
+    with _each_call_first(sync):
         yield
