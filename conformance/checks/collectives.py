@@ -190,7 +190,8 @@ def check_process_group(run: CellRecord) -> Findings:
         wants = [torch_ddp.expected(run.eager_model, k) for k in range(len(run.steps) + 1)]
     else:  # FSDP2 owes every step alike
         mixed = MIXED.get(cell.dtype)
-        wants = [fsdp2.expected(run.eager_model, cell.sharding, cell.world_size, mixed)] * (len(run.steps) + 1)
+        wrap = COMPOSITIONS[cell.composition].fsdp2_wrap
+        wants = [fsdp2.expected(run.eager_model, cell.sharding, cell.world_size, mixed, wrap)] * (len(run.steps) + 1)
     for phase in fsdp2.PHASES:
         groups: dict[tuple, list[int]] = {}
         for k, step in enumerate(run.steps):

@@ -1,7 +1,7 @@
 """FSDP2's collectives, derived from the model and the world size: what
 ``torch.distributed.fsdp.fully_shard`` must issue at the process group in each phase of a
 training step, for a model sharded as fixtures/torch_parallel.py shards it (each numbered block
-a unit, then the root).
+a unit, then the root; or the root alone: the composition's ``fsdp2_wrap``).
 
 A unit manages the distinct parameter storages under it that no inner unit manages (a tied
 weight is one storage). Per step, each unit that manages any: one all-gather in its forward
@@ -34,11 +34,11 @@ class Expected:
     nbytes: int = 0
 
 
-def managed(model: torch.nn.Module) -> list[list[torch.Tensor]]:
-    """Per unit, innermost first, the distinct storages it manages."""
+def managed(model: torch.nn.Module, wrap: str) -> list[list[torch.Tensor]]:
+    """Per unit (as ``wrap`` makes them), innermost first, the distinct storages it manages."""
     claimed: set[int] = set()
     out = []
-    for unit in units(model):
+    for unit in units(model, wrap):
         mine = [p for p in distinct_storages(unit).values() if id(p) not in claimed]
         claimed.update(id(p) for p in mine)
         out.append(mine)
@@ -52,23 +52,28 @@ def _padded(p: torch.Tensor, world_size: int, dtype: torch.dtype | None) -> int:
 
 
 def gathered_units(
-    model: torch.nn.Module, world_size: int, mixed: tuple[torch.dtype, torch.dtype] | None = None
+    model: torch.nn.Module, world_size: int, mixed: tuple[torch.dtype, torch.dtype] | None, wrap: str
 ) -> list[list[int]]:
     """Per unit that manages any storage, innermost first, the padded bytes of each storage
     its all-gather produces (under mixed precision, ``(param_dtype, reduce_dtype)``: in the
     param dtype, as FSDP2 casts the shards before gathering them)."""
     gathered = None if mixed is None else mixed[0]
-    return [[_padded(p, world_size, gathered) for p in storages] for storages in managed(model) if storages]
+    return [[_padded(p, world_size, gathered) for p in storages] for storages in managed(model, wrap) if storages]
 
 
 def expected(
-    model: torch.nn.Module, sharding: str, world_size: int, mixed: tuple[torch.dtype, torch.dtype] | None = None
+    model: torch.nn.Module,
+    sharding: str,
+    world_size: int,
+    mixed: tuple[torch.dtype, torch.dtype] | None,
+    wrap: str,
 ) -> dict[str, dict[str, Expected]]:
     """Phase -> kind -> what a training step issues at the process group (kinds not named:
-    none). Under mixed precision (``(param_dtype, reduce_dtype)``) the all-gathers move the
-    param dtype and the reduce-scatters the reduce dtype."""
-    units_storages = managed(model)
-    gathered = [sum(unit) for unit in gathered_units(model, world_size, mixed)]
+    none), the units as ``wrap`` makes them. Under mixed precision (``(param_dtype,
+    reduce_dtype)``; None: none) the all-gathers move the param dtype and the reduce-scatters
+    the reduce dtype."""
+    units_storages = managed(model, wrap)
+    gathered = [sum(unit) for unit in gathered_units(model, world_size, mixed, wrap)]
     reduced_in = None if mixed is None else mixed[1]
     reduced = [
         sum(_padded(p, world_size, reduced_in) for p in storages if p.requires_grad)

@@ -141,7 +141,7 @@ def build_eager_model(recipe: Recipe) -> EagerModel:
         module = recipe.make().to(recipe.dtype)
     replace_output_dropout(module, recipe.fixture.output_dropout)
     if recipe.mixed:
-        mixed(module, recipe.compute_dtype)
+        mixed(module, recipe.compute_dtype, recipe.composition.fsdp2_wrap)
     return EagerModel(
         module=module,
         shapes={n: p.shape for n, p in module.named_parameters()},

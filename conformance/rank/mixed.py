@@ -23,12 +23,13 @@ import torch
 from torch import nn
 
 
-def mixed(module: nn.Module, compute: torch.dtype) -> nn.Module:
+def mixed(module: nn.Module, compute: torch.dtype, wrap: str) -> nn.Module:
     """``module`` (in place) computing its forward and backward in ``compute``, as FSDP2 with
-    the compositions' units (``fixtures.torch_parallel.units``) computes it."""
+    the units ``wrap`` makes (``fixtures.torch_parallel.units``) computes it: the inner units'
+    inputs cast too."""
     from fixtures.torch_parallel import units
 
-    for unit in units(module)[:-1]:
+    for unit in units(module, wrap)[:-1]:
         unit.__class__ = _casting(type(unit), compute)
     module.__class__ = _computing(type(module), compute)
     return module

@@ -7,17 +7,17 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from fixtures.compositions import COMPOSITIONS
 from tests.planted.cells import Pred
 from tests.planted.compiled import JITTED, THUNDERFX
 from tests.planted.patching import each_compiled_graph
 from tests.planted.record import Expect, planted
 
-OVER_FSDP2: Pred = lambda cell: cell.composition == "thunderfx_fsdp2"  # noqa: E731
+OVER_FSDP2: Pred = lambda cell: THUNDERFX(cell) and not COMPOSITIONS[cell.composition].replicated  # noqa: E731
 OVER_DDP: Pred = lambda cell: THUNDERFX(cell) and not OVER_FSDP2(cell)  # noqa: E731
 # one all-reduce more in the forwards: of every step ("forward") or, where DDP's second step owes
 # its bucket rebuild's broadcasts, of each group of steps owing alike ("forward of steps 1")
 STRAY = "all_reduces: expected 0, got"
-
 
 
 def _each_call_first(sync: Callable[[], Any]) -> contextlib.AbstractContextManager[None]:
@@ -31,6 +31,7 @@ def _each_call_first(sync: Callable[[], Any]) -> contextlib.AbstractContextManag
         return call
 
     return each_compiled_graph(synced)
+
 
 # the smallest stray collective there is: one all-reduce of one float per compiled graph's call
 @planted(

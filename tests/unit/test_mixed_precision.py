@@ -2,7 +2,8 @@
 itself: eager PyTorch, no Thunder. At 2 ranks, each fed the same input, FSDP2's averaged
 gradient is every rank's own, so the reference's forward and backward on that input must
 equal FSDP2's bit for bit: bfloat16 gathers and compute, a tie's gradient accumulated in
-bfloat16, gradients cast up to float32 before the reduce-scatter."""
+bfloat16, gradients cast up to float32 before the reduce-scatter; the units as either wrap makes
+them (a root alone casts no block's inputs)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,18 @@ import torch
 
 from fixtures.models import fixture_for
 from fixtures.options import MIXED
+from fixtures.torch_parallel import BLOCKS, ROOT
 
 pytestmark = pytest.mark.slow  # spawns a world of 2 ranks
 
 WORLD = 2
-CASES = [("tied_lm", True), ("litgpt_llama", True), ("mlp", False)]
+# (model, tied, FSDP2's wrap: fixtures/torch_parallel.py)
+CASES = [
+    ("tied_lm", True, BLOCKS),
+    ("litgpt_llama", True, BLOCKS),
+    ("litgpt_llama", False, ROOT),
+    ("mlp", False, BLOCKS),
+]
 
 
 def _model(name: str, tied: bool) -> torch.nn.Module:
@@ -37,13 +45,13 @@ def _step(rank: int, store: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
         sides = []
-        for name, tied in CASES:
+        for name, tied, wrap in CASES:
             model = _model(name, tied)
-            reference = mixed(copy.deepcopy(model), torch.bfloat16)
+            reference = mixed(copy.deepcopy(model), torch.bfloat16, wrap)
             how = types.SimpleNamespace(
                 device=torch.device("cpu"), process_group=None, fsdp2_reshard=True, fsdp2_mixed=MIXED["mixed_bfloat16"]
             )
-            sharded, _ = _fully_shard(model, how)
+            sharded, _ = _fully_shard(model, how, wrap)
             x = fixture_for(name).make_input(torch.Generator().manual_seed(0), torch.float32)
             outs = []
             for module in (sharded, reference):
@@ -67,7 +75,7 @@ def test_the_reference_computes_as_fsdp2_mixed_precision_does(tmp_path) -> None:
 
     out = tmp_path / "sides"
     mp.spawn(_step, args=(str(tmp_path / "store"), str(out)), nprocs=WORLD, join=True)
-    for (name, _), ((y, grads), (y_ref, grads_ref)) in zip(CASES, torch.load(out, weights_only=False), strict=True):
+    for (name, *_), ((y, grads), (y_ref, grads_ref)) in zip(CASES, torch.load(out, weights_only=False), strict=True):
         assert y.dtype == y_ref.dtype == torch.bfloat16, name
         assert torch.equal(y, y_ref), name
         assert grads.keys() == grads_ref.keys(), name
@@ -79,7 +87,7 @@ def test_the_reference_computes_as_fsdp2_mixed_precision_does(tmp_path) -> None:
 def test_the_twin_computes_in_float32_again() -> None:
     from conformance.rank.mixed import float32_twin, mixed
 
-    model = mixed(_model("mlp", False), torch.bfloat16)
+    model = mixed(_model("mlp", False), torch.bfloat16, BLOCKS)
     twin = float32_twin(model, torch.bfloat16)
     x = torch.randn(4, 12)
     assert model(x).dtype == torch.bfloat16 and twin(x).dtype == torch.float32

@@ -282,7 +282,7 @@ def test_ci_carries_pytorch_parallelism_in_an_array_of_its_own() -> None:
     family = [c for c in RUNS if COMPOSITIONS[c.composition].parallelism == "torch"]
     values = torch_parallel_values(2, PIN_UNSUPPORTED)
     assert {c.composition for c in family} == set(values["composition"]) == {
-        "thunderfx_fsdp2", "fsdp2_jit", "jit_fsdp2", "thunderfx_torchddp", "torchddp_jit"
+        "thunderfx_fsdp2", "thunderfx_fsdp2_root", "fsdp2_jit", "jit_fsdp2", "thunderfx_torchddp", "torchddp_jit"
     }  # fmt: skip
     # FSDP2's compositions at every init they express (Lightning's meta init, DCP's full load)
     assert set(values["init"]) == {"real", "meta_module_init", "meta_original_sd"}

@@ -5,11 +5,12 @@ ThunderModule's snapshot of them)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from fixtures.models import MODELS
-from fixtures.torch_parallel import UnderTest, eager_name, units
+from fixtures.torch_parallel import BLOCKS, ROOT, UnderTest, eager_name, units
 
 
 class Blocks(nn.Module):
@@ -52,11 +53,14 @@ def test_a_tied_weight_is_found_by_each_of_its_names() -> None:
     assert all(under.get_parameter(n) is model.get_parameter(n) for n in tied)
 
 
-def test_fsdp2_units_are_the_numbered_blocks_then_the_root() -> None:
+def test_fsdp2_units_are_the_numbered_blocks_then_the_root_or_the_root_alone() -> None:
     model = Blocks()
-    assert units(model) == [model.h[0], model.h[1], model]
+    assert units(model, BLOCKS) == [model.h[0], model.h[1], model]
+    assert units(model, ROOT) == [model]
     plain = MODELS["mlp"].build(False)
-    assert units(plain) == [plain]
+    assert units(plain, BLOCKS) == units(plain, ROOT) == [plain]
+    with pytest.raises(ValueError, match="wrapped by"):
+        units(model, "leaves")
 
 
 def test_meta_init_materializes_every_tensor_as_eager_builds_it() -> None:

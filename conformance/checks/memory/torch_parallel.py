@@ -30,6 +30,7 @@ from conformance.checks.fsdp2 import gathered_units
 from conformance.checks.memory.arithmetic import GLOO_THREADS, Terms, eager_peak, replicated
 from conformance.checks.record import MEASURED_STEP, CellRecord
 from conformance.checks.storages import allocations
+from fixtures.compositions import COMPOSITIONS
 from fixtures.options import MIXED
 
 
@@ -38,8 +39,9 @@ def units(run: CellRecord) -> list[int]:
     rank's device (each parameter its own allocation, as FSDP2 copies them out); none under DDP."""
     if replicated(run):
         return []
-    mixed = MIXED.get(run.cell.dtype)
-    return [allocations(unit, run.device) for unit in gathered_units(run.eager_model, run.cell.world_size, mixed)]
+    mixed, wrap = MIXED.get(run.cell.dtype), COMPOSITIONS[run.cell.composition].fsdp2_wrap
+    gathered = gathered_units(run.eager_model, run.cell.world_size, mixed, wrap)
+    return [allocations(unit, run.device) for unit in gathered]
 
 
 def rebuilt_buckets(model: Terms) -> int:
