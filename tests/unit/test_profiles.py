@@ -24,6 +24,7 @@ from fixtures.inits import INITS
 from fixtures.models import MODELS
 from fixtures.offloads import POLICIES
 from fixtures.options import BUCKETINGS, SCENARIOS
+from fixtures.torch_parallel import ROOT as ROOT_WRAP
 from tests.support.suite_runs import ROOT, offered
 
 # what the worlds' probe finds on the kit's pin on CPU (test_the_pins_probe below holds it to that)
@@ -274,8 +275,8 @@ def test_ddp_takes_rows_of_cis_array_and_has_nightly_arrays_of_its_own() -> None
 def test_ci_carries_pytorch_parallelism_in_an_array_of_its_own() -> None:
     """FSDP2 and DDP under Thunder: every composition offered, on a model with blocks and one
     without, every pair of composition and model, tie, dtype, FSDP2's resharding, init and
-    scenario met; none
-    of them in the arrays of Thunder's own transforms."""
+    scenario met (FSDP2's root wrap: where its units differ); none of them in the arrays of
+    Thunder's own transforms."""
     from conformance.matrix.axes import torch_parallel_values
     from fixtures.compositions import COMPOSITIONS
 
@@ -286,13 +287,20 @@ def test_ci_carries_pytorch_parallelism_in_an_array_of_its_own() -> None:
     }  # fmt: skip
     # FSDP2's compositions at every init they express (Lightning's meta init, DCP's full load)
     assert set(values["init"]) == {"real", "meta_module_init", "meta_original_sd"}
+    # FSDP2 at the root alone: only its units differ from the blocks' wrap, and only on a model
+    # with blocks, so ci holds them there at each resharding, in float32 and mixed precision
+    root_wrap = {c for c in values["composition"] if COMPOSITIONS[c].fsdp2_wrap == ROOT_WRAP}
+    assert root_wrap == {"thunderfx_fsdp2_root"}
+    assert {(c.model, c.sharding, c.dtype) for c in family if c.composition in root_wrap} == {
+        ("litgpt_llama", "zero3", "float32"), ("litgpt_llama", "zero2", "mixed_bfloat16")
+    }  # fmt: skip
     for axis in ("model", "tie", "dtype", "sharding", "init", "scenario"):
         met = {(c.composition, getattr(c, axis)) for c in family}
         wanted = {
             (comp, v)
             for comp in values["composition"]
             for v in values[axis]
-            if valid({"composition": comp, axis: v})
+            if valid({"composition": comp, axis: v}) and comp not in root_wrap
         }
         assert wanted <= met, (axis, sorted(wanted - met))
     scenarios = {"train", "infer", "accumulate", "reshape", "resume"}
