@@ -50,14 +50,21 @@ class Affected:
         }
 
 
-def load(change: str, map_path: Path | None) -> Affected:
-    """The option's value, or one usage-error line (exit 4): never a silent full run."""
-    if map_path is None:
-        raise pytest.UsageError("--affected-by needs --coverage-map REPORT, a --thunder-coverage run's report folder")
+def read_map(map_path: Path) -> CoverageMap:
+    """``--coverage-map``'s map, or one usage-error line (exit 4)."""
     try:
-        cmap = CoverageMap.load(map_path)
+        return CoverageMap.load(map_path)
     except (OSError, ValueError, KeyError) as exc:
         raise pytest.UsageError(f"--coverage-map {map_path}: no coverage map there ({exc})") from None
+
+
+def load(change: str, map_path: Path | None, cmap: CoverageMap | None = None) -> Affected:
+    """The option's value, or one usage-error line (exit 4): never a silent full run.
+    ``cmap``: the map at ``map_path`` where it was read already."""
+    if map_path is None:
+        raise pytest.UsageError("--affected-by needs --coverage-map REPORT, a --thunder-coverage run's report folder")
+    if cmap is None:
+        cmap = read_map(map_path)
     path = Path(change)
     try:
         changed = from_unified_diff(path.read_text(), side="old") if path.is_file() else from_path_lines(change)

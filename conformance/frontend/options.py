@@ -261,6 +261,9 @@ class KitConfig:
     cells: tuple[str, ...] | None = None  # --cells FILE's ids, in order, each once
     affected_by: Affected | None = None  # the change, judged by --coverage-map's map
     coverage_map: Path | None = None
+    # the cells --coverage-map's map says alone ran some line of Thunder: the early verdict's
+    # prefix takes them (None: no map; conformance/matrix/order.py)
+    sole_carriers: frozenset[str] | None = None
     first_failing_cell: bool = False
     thunder_coverage: bool = False
     xfails: Path = DEFAULT_XFAILS
@@ -400,8 +403,9 @@ def add_options(parser: pytest.Parser) -> None:
         type=Path,
         default=DEFAULT.coverage_map,
         metavar="REPORT",
-        help="with --affected-by: a --thunder-coverage run's report folder (or its coverage-map.json), made of "
-        "the Thunder before the change",
+        help="a --thunder-coverage run's report folder (or its coverage-map.json): the early verdict runs each "
+        "cell that alone ran some line of Thunder in its first part; with --affected-by, made of the Thunder "
+        "before the change",
     )
     group.addoption(
         "--first-failing-cell",
@@ -483,8 +487,9 @@ def build(config: pytest.Config) -> KitConfig:
     if given("backend") == "nccl":
         enough_gpus(nproc, place.workers)
     replay = None if given("replay") is None else parse_replay(given("replay"))
-    change = given("affected_by")
-    affected_by = None if change is None else affected.load(change, given("coverage_map"))
+    change, map_path = given("affected_by"), given("coverage_map")
+    cmap = None if map_path is None else affected.read_map(map_path)
+    affected_by = None if change is None else affected.load(change, map_path, cmap)
     cells = None if given("cells") is None else tuple(cell_list(given("cells")))
     if given("thunder_coverage"):
         traced(given("report_dir"), nnodes)
@@ -509,7 +514,8 @@ def build(config: pytest.Config) -> KitConfig:
         replay=replay,
         cells=cells,
         affected_by=affected_by,
-        coverage_map=given("coverage_map"),
+        coverage_map=map_path,
+        sole_carriers=None if cmap is None else cmap.sole_carriers(),
         first_failing_cell=given("first_failing_cell"),
         thunder_coverage=given("thunder_coverage"),
         xfails=given("xfails"),

@@ -277,7 +277,9 @@ class Runner:
             asked = self.asked_order
             return (False, 0, asked.get(cell.id, len(asked)) if cell is not None else len(asked))
         if self._index is None:
-            run = order.arranged(self.cells, self.config.order, self.baseline.seconds, self.baseline.first)
+            run = order.arranged(
+                self.cells, self.config.order, self.baseline.seconds, self.baseline.first, self.config.sole_carriers
+            )
             self._index = {c.id: i for i, c in enumerate(run.cells)}
         if self.config.order == "generation":
             if cell is None:

@@ -6,8 +6,14 @@ how early the faults are found):
 
 1. **history**: the cells an earlier report (``--baseline``) saw fail or err, cheapest first;
 2. **the prefix**: a short run of cells that meets every axis value (every world size,
-   composition, scenario, init, ...) and every feature of ci's coverage contract at least once
-   (a weighted greedy set cover: most new things met per expected second), cheapest first;
+   composition, scenario, init, ...) and every feature of ci's coverage contract at least once,
+   and every **sole carrier**: a cell that alone runs some code path (a weighted greedy set
+   cover: most new things met per expected second), cheapest first. A sole carrier is, by a
+   coverage map (``--coverage-map``: an earlier ``--thunder-coverage`` run's), a cell that
+   alone ran some line of Thunder's distributed stack; without one, a cell that alone carries
+   a feature of its model under a transform family and an init (``carries_of``), a simulated
+   world's way of getting its shards among them. A bug only such a cell can show would
+   otherwise wait for the tail;
 3. **the contract**: the same greedy over ci's coverage-contract items (a feature with a
    transform family and a scenario, or with an init: conformance/matrix/contract.py), in the
    order taken. A regression nearly always needs one such item, and pairs and triples would
@@ -78,17 +84,25 @@ def combinations_of(cell: Cell) -> frozenset[Hashable]:
 
 def carries_of(cell: Cell) -> frozenset[Hashable]:
     """Each feature of ``cell``'s model under its transform family and its init (what a bug in
-    a transform's handling of an init can need: a random buffer broadcast by FSDP, say)."""
+    a transform's handling of an init can need: a random buffer broadcast by FSDP, say); for a
+    simulated cell, sharding at scale under its family and its init (module init: Thunder cuts
+    every shard itself; a transformed state dict: it loads the kit's), which no real cell runs."""
     if cell.simulated:
-        return frozenset()
+        at_scale = (("carries", "sharding at scale"), ("family", family(cell.composition)), ("init", cell.init))
+        return frozenset({at_scale})
     found = features(cell.model, cell.tie, cell.world_size, cell.spec)
     return frozenset((("carries", f), ("family", family(cell.composition)), ("init", cell.init)) for f in found)
 
 
-def _carried_once(cells: Sequence[Cell]) -> frozenset[Hashable]:
-    """What exactly one of ``cells`` carries (``carries_of``)."""
+def _sole_carriers(cells: Sequence[Cell], by_lines: Collection[str] | None) -> dict[str, frozenset[Hashable]]:
+    """Cell id -> what it alone carries, for each of ``cells`` that alone carries something: by
+    a coverage map's lines where there is one (``by_lines``: the ids that alone ran some line),
+    else by ``carries_of``."""
+    if by_lines is not None:
+        return {c.id: frozenset({("sole carrier", c.id)}) for c in cells if c.id in by_lines}
     counts = collections.Counter(item for c in cells for item in carries_of(c))
-    return frozenset(item for item, n in counts.items() if n == 1)
+    alone = {c.id: frozenset(i for i in carries_of(c) if counts[i] == 1) for c in cells}
+    return {cell: items for cell, items in alone.items() if items}
 
 
 def contract_of(cell: Cell) -> frozenset[Hashable]:
@@ -139,19 +153,22 @@ def _greedy(
     return taken
 
 
-def early_verdict(cells: Sequence[Cell], seconds: Seconds, failed_before: Collection[str] = ()) -> Order:
+def early_verdict(
+    cells: Sequence[Cell],
+    seconds: Seconds,
+    failed_before: Collection[str] = (),
+    sole_carriers: Collection[str] | None = None,
+) -> Order:
     """``cells`` (a profile's, in its own order) in the early-verdict order; ``seconds``: each
-    cell's expected cost; ``failed_before``: ids an earlier report saw fail or err."""
+    cell's expected cost; ``failed_before``: ids an earlier report saw fail or err;
+    ``sole_carriers``: ids a coverage map says alone ran some line of Thunder (None: no map, the
+    cells that alone carry a feature under a family and an init stand for them)."""
     history = sorted((c for c in cells if c.id in failed_before), key=seconds)
     rest = [c for c in cells if c.id not in failed_before]
-    prefix = sorted(_greedy(rest, values_of, seconds), key=seconds)
+    sole = _sole_carriers(rest, sole_carriers)
+    prefix = sorted(_greedy(rest, lambda c: values_of(c) | sole.get(c.id, frozenset()), seconds), key=seconds)
     taken = [*history, *prefix]
-    # the contract's items, and what one cell alone carries: a bug only it can show is found
-    # as early as one the prefix meets (its model's feature under a family and an init)
-    alone = _carried_once(rest)
-    contract = _greedy(
-        _left(rest, taken), lambda c: contract_of(c) | (carries_of(c) & alone), seconds, taken[-1] if taken else None
-    )
+    contract = _greedy(_left(rest, taken), contract_of, seconds, taken[-1] if taken else None)
     taken += contract
     after = taken[-1] if taken else None
     tail = _greedy(_left(rest, taken), combinations_of, seconds, after) if len(rest) <= GREEDY_LIMIT else []
@@ -169,13 +186,18 @@ def early_verdict(cells: Sequence[Cell], seconds: Seconds, failed_before: Collec
 
 
 def arranged(
-    cells: Sequence[Cell], mode: str, measured: Mapping[str, float], failed_before: Collection[str]
+    cells: Sequence[Cell],
+    mode: str,
+    measured: Mapping[str, float],
+    failed_before: Collection[str],
+    sole_carriers: Collection[str] | None = None,
 ) -> Order:
     """``cells`` in the order ``mode`` names (``ORDERS``): generation keeps theirs; the early
-    verdict costs each cell what ``measured`` (a baseline's times) says, else what it expects."""
+    verdict costs each cell what ``measured`` (a baseline's times) says, else what it expects,
+    and takes ``sole_carriers`` (a coverage map's) in its prefix."""
     if mode == "generation":
         return Order(tuple(cells), 0, 0, 0)
-    return early_verdict(cells, lambda c: measured.get(c.id, expected_seconds(c)), failed_before)
+    return early_verdict(cells, lambda c: measured.get(c.id, expected_seconds(c)), failed_before, sole_carriers)
 
 
 def _left(cells: Sequence[Cell], taken: Sequence[Cell]) -> list[Cell]:

@@ -95,6 +95,18 @@ class CoverageMap:
             chosen = [c for c, cl in self.cells.items() if wanted & set(cl.lines.get(path, ()))]
         return sorted(chosen, key=lambda c: (self.cells[c].seconds, c))
 
+    def sole_carriers(self) -> frozenset[str]:
+        """The cells that alone ran some line: a change there reaches no other cell (the probe's
+        lines count as every cell's, as in ``cells_running``)."""
+        runners: dict[tuple[str, int], list[str]] = {}
+        for cell, lines in self.cells.items():
+            for path, ran in lines.lines.items():
+                probed = set(self.probe.get(path, ()))
+                for line in ran:
+                    if line not in probed:
+                        runners.setdefault((path, line), []).append(cell)
+        return frozenset(cells[0] for cells in runners.values() if len(cells) == 1)
+
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

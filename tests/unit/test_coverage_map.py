@@ -4,6 +4,7 @@ coverage.py imported while ``--thunder-coverage`` is off."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -74,6 +75,15 @@ def test_a_line_selects_the_cells_that_ran_its_statement_cheapest_first(tmp_path
     assert cmap.cells_running(rel, [19]) == ["other", "cheap", "slow"]  # the probe's line: every cell
     assert cmap.not_run(rel) == []
     assert CoverageMap.from_json(cmap.to_json()) == cmap
+
+
+def test_a_sole_carrier_is_a_cell_that_alone_ran_some_line(tmp_path: Path) -> None:
+    cmap = make_map(tmp_path)
+    assert cmap.sole_carriers() == {"slow"}  # line 11; line 8 is cheap's too
+    rel = "thunder/distributed/utils.py"
+    # a line the probe runs is every cell's: no cell carries it alone
+    probed = dataclasses.replace(cmap, probe={rel: (11, 19)})
+    assert probed.sole_carriers() == set()
 
 
 def test_ranges_are_spans() -> None:
