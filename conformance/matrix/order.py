@@ -8,7 +8,7 @@ how early the faults are found):
 2. **the prefix**: a short run of cells that meets every axis value (every world size,
    composition, scenario, init, ...) and every feature of ci's coverage contract at least once,
    and every **sole carrier**: a cell that alone runs some code path (a weighted greedy set
-   cover: most new things met per expected second), cheapest first. A sole carrier is, by a
+   cover), in the order the greedy took them: most new things met per expected second first. A sole carrier is, by a
    coverage map (``--coverage-map``: an earlier ``--thunder-coverage`` run's), a cell that
    alone ran some line of Thunder's distributed stack; without one, a cell that alone carries
    a feature of its model under a transform family and an init (``carries_of``), a simulated
@@ -166,7 +166,9 @@ def early_verdict(
     history = sorted((c for c in cells if c.id in failed_before), key=seconds)
     rest = [c for c in cells if c.id not in failed_before]
     sole = _sole_carriers(rest, sole_carriers)
-    prefix = sorted(_greedy(rest, lambda c: values_of(c) | sole.get(c.id, frozenset()), seconds), key=seconds)
+    # the greedy's own order, not cheapest first: sorted by cost, the sole carriers (the
+    # costliest, a simulated world's) came last, at 0.37 of ci's measured time (0.32 so)
+    prefix = _greedy(rest, lambda c: values_of(c) | sole.get(c.id, frozenset()), seconds)
     taken = [*history, *prefix]
     contract = _greedy(_left(rest, taken), contract_of, seconds, taken[-1] if taken else None)
     taken += contract
