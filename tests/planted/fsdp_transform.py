@@ -153,7 +153,9 @@ def collective_order_by_rank() -> Iterator[None]:
         "collectives": Expect(FROZEN, NONE, "backward reduce_scatters: expected | did not run"),
         "memory": Expect(NONE, FROZEN),
         "state_dict": Expect(NONE, FROZEN),
-        "offload": Expect(NONE, FROZEN_JIT_FSDP),
+        # what the forward saves grows where a frozen parameter's gradient needs a tensor of its
+        # own (root_owned's gain: its spread's input); lora's base under jit_fsdp
+        "offload": Expect(NONE, FROZEN),
     },
     cells=(lambda c: FROZEN(c) and c.composition == "fsdp_jit", FROZEN_JIT_FSDP, lambda c: c.model == "mlp"),
 )
@@ -235,4 +237,38 @@ def reduce_scatter_upcast() -> Iterator[None]:
     """FSDP's backward upcasts the smallest bfloat16 gradient to float32 before its
     reduce-scatter and casts the shard back: one reduce-scatter in float32, twice its bytes."""
     with smallest_gradient_reduced_upcast("thunder.distributed.transforms.fsdp_v2:FSDPTransform", "FULLY_SHARDED"):
+        yield
+
+
+# issue 59's mutant: a membership test turned around in FSDP's unpadding visitor
+# (``in self.swap_map`` made ``not in``). An op whose tensor arguments are all padded parameters
+# then reads the padded whole: root_owned's frozen gain, the spread of 5 values (padded at every
+# world size above 1), takes a zero in and scales the output by another spread; every op that
+# also reads an activation is unpadded as before, so no other model of the registry sees it
+PADDED_READ_ALONE: Pred = lambda c: FSDP(c) and c.model == "root_owned"  # noqa: E731
+
+
+@planted(
+    {"numerics": Expect(PADDED_READ_ALONE, NONE, "output at step 0")},
+    cells=(PADDED_READ_ALONE, lambda c: FSDP(c) and c.model != "root_owned"),
+)
+@contextlib.contextmanager
+def unpadding_skips_ops_of_padded_parameters_alone() -> Iterator[None]:
+    """FSDP's unpadding visitor leaves an op be where every tensor it reads is a padded
+    parameter: the op computes on the padding too (a mean over one zero row more)."""
+    from thunder.core.proxies import TensorProxy, variableify
+    from thunder.core.transforms import VISIT_TYPE
+    from thunder.distributed.transforms.fsdp_v2 import FSDPParamUnpaddingVisitor
+
+    original = FSDPParamUnpaddingVisitor.__call__
+
+    def visit(self: Any, bsym: Any) -> Any:
+        tensors = [a for a in bsym.flat_proxy_args if isinstance(a, TensorProxy)]
+        padded = [variableify(a) in self.swap_map for a in tensors]
+        if bsym not in self.prod_bsym_to_unsharded_and_padding and padded and all(padded):
+            return VISIT_TYPE.NO_OP
+        return original(self, bsym)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FSDPParamUnpaddingVisitor, "__call__", visit)
         yield
