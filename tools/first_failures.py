@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from conformance.matrix.cells import Cell  # noqa: E402
 from tests.planted.registry import RECORDS  # noqa: E402
-from tests.planted.test_scale import STRING_ORDER, shows_string_order  # noqa: E402
+from tests.planted.sharding import STRING_ORDER, shows_string_order  # noqa: E402
 
 
 def must_fail(record: Any, cell: Cell, area: str) -> bool:

@@ -8,12 +8,12 @@ how early the faults are found):
 2. **the prefix**: a short run of cells that meets every axis value (every world size,
    composition, scenario, init, ...) and every feature of ci's coverage contract at least once,
    and every **sole carrier**: a cell that alone runs some code path (a weighted greedy set
-   cover), in the order the greedy took them: most new things met per expected second first. A sole carrier is, by a
-   coverage map (``--coverage-map``: an earlier ``--thunder-coverage`` run's), a cell that
-   alone ran some line of Thunder's distributed stack; without one, a cell that alone carries
-   a feature of its model under a transform family and an init (``carries_of``), a simulated
-   world's way of getting its shards among them. A bug only such a cell can show would
-   otherwise wait for the tail;
+   cover), in the order the greedy took them: most new things met per expected second first.
+   A sole carrier is, by a coverage map (``--coverage-map``: an earlier ``--thunder-coverage``
+   run's), a cell that alone ran some line of Thunder's distributed stack; without one, a cell
+   that alone carries a feature of its model under a transform family and an init
+   (``carries_of``), a simulated world's way of getting its shards among them. A bug only such
+   a cell can show would otherwise wait for the tail;
 3. **the contract**: the same greedy over ci's coverage-contract items (a feature with a
    transform family and a scenario, or with an init: conformance/matrix/contract.py), in the
    order taken. A regression nearly always needs one such item, and pairs and triples would
@@ -166,8 +166,8 @@ def early_verdict(
     history = sorted((c for c in cells if c.id in failed_before), key=seconds)
     rest = [c for c in cells if c.id not in failed_before]
     sole = _sole_carriers(rest, sole_carriers)
-    # the greedy's own order, not cheapest first: sorted by cost, the sole carriers (the
-    # costliest, a simulated world's) came last, at 0.37 of ci's measured time (0.32 so)
+    # the greedy's own order, not cheapest first: sorted by cost the costliest sole carriers
+    # (a simulated world's) came last (docs/measurements.md, session 41)
     prefix = _greedy(rest, lambda c: values_of(c) | sole.get(c.id, frozenset()), seconds)
     taken = [*history, *prefix]
     contract = _greedy(_left(rest, taken), contract_of, seconds, taken[-1] if taken else None)

@@ -37,7 +37,7 @@ from fixtures.compositions import COMPOSITIONS, pairing
 from fixtures.executors import EXECUTORS
 from fixtures.inits import INITS
 from fixtures.models import MODELS
-from fixtures.torch_parallel import ROOT
+from fixtures.torch_parallel import ROOT_WRAP
 
 PROFILES = ("smoke", "ci", "nightly", "full", "scale")
 # world sizes beside the session's own: every model (the negative one aside) has a first
@@ -87,15 +87,15 @@ BOUNDARY_CI = (
 )
 
 
-# FSDP2 at the root alone (a composition whose ``fsdp2_wrap`` is ROOT) makes other units than the
+# FSDP2 at the root alone (a composition whose ``fsdp2_wrap`` is ROOT_WRAP) makes other units than the
 # blocks' wrap only on a model with blocks, and only its units differ: ci carries it there, once
 # at each resharding, in float32 and under FSDP2's mixed precision (which casts every unit's
 # inputs), not in the family's array, where 6 of its 8 cells were tied_lm's, whose units are the
-# blocks' wrap's own (ci with the family 1.34x the run without it, the issue's bound 1.3x;
-# measured 2026-11-30). Nightly and full carry it in the family's arrays.
+# blocks' wrap's own (docs/measurements.md, session 41). Nightly and full carry it in the
+# family's arrays.
 def _root_wrap_ci(world_size: int, unsupported: Collection[str]) -> Iterator[Cell]:
     for name, composition in COMPOSITIONS.items():
-        if composition.fsdp2_wrap == ROOT and name not in unsupported:
+        if composition.fsdp2_wrap == ROOT_WRAP and name not in unsupported:
             yield Cell("litgpt_llama", "real", name, sharding="zero3", world_size=world_size)
             yield Cell("litgpt_llama", "real", name, sharding="zero2", dtype="mixed_bfloat16", world_size=world_size)
 
@@ -163,7 +163,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
     refused = _refused(unsupported)
     if profile == "ci":
         picked = (_runnable(c, unsupported) for c in (*BOUNDARY_CI, *simulated.CI))
-        blocks_wrap = [c for c in torch_parallel["composition"] if COMPOSITIONS[c].fsdp2_wrap != ROOT]
+        blocks_wrap = [c for c in torch_parallel["composition"] if COMPOSITIONS[c].fsdp2_wrap != ROOT_WRAP]
         torch_cells = list(grown({**torch_parallel, "composition": blocks_wrap}, contract=False)) if blocks_wrap else []
         torch_cells += _root_wrap_ci(world_size, unsupported)
         selected = [*grown(runs, contract, refused), *(c for c in picked if c is not None), *torch_cells]

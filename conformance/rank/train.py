@@ -134,8 +134,9 @@ class _Lockstep:
                 replay.masks = masks
         if measured:
             training.saved = _saved_tensors(out)
-            weights = self.weights
-            training.forward_held = held.forward_held(out, tm.parameters(), ledger, storages_before, weights, compute)
+            training.forward_held = held.forward_held(
+                out, tm.parameters(), ledger, storages_before, self.weights, compute
+            )
             if training.forward_held is not None:
                 training.forward_held.eager_copies = eager.parameter_copies(rank, inputs[rank], device)
         # the references at the Thunder module's weights copy every rank's buffers as they stand

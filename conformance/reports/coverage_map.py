@@ -98,12 +98,12 @@ class CoverageMap:
     def sole_carriers(self) -> frozenset[str]:
         """The cells that alone ran some line: a change there reaches no other cell (the probe's
         lines count as every cell's, as in ``cells_running``)."""
+        probed = {path: set(lines) for path, lines in self.probe.items()}
         runners: dict[tuple[str, int], list[str]] = {}
         for cell, lines in self.cells.items():
             for path, ran in lines.lines.items():
-                probed = set(self.probe.get(path, ()))
                 for line in ran:
-                    if line not in probed:
+                    if line not in probed.get(path, ()):
                         runners.setdefault((path, line), []).append(cell)
         return frozenset(cells[0] for cells in runners.values() if len(cells) == 1)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from conformance.matrix.cells import Cell
 from fixtures import patterns
 from tests.planted.cells import ALL, DDP, FSDP, NONE, REAL
 from tests.planted.record import Expect, planted
@@ -100,6 +101,19 @@ def offset_off_past_first_rank() -> Iterator[None]:
 
     with _shard_tensor_as(lambda original: shard):
         yield
+
+
+# the records of a slot permutation in string order, and where each must fail the sharding area
+# (tests/planted/test_scale.py runs them there; the order's tests and tools/first_failures.py
+# read the same prediction)
+STRING_ORDER = ("slots_in_string_order", "state_dict_slots_in_string_order")
+
+
+def shows_string_order(cell: Cell) -> bool:
+    """Where a string-order slot permutation must fail the sharding area: a simulated world
+    past 10 ranks (the identity below) under module init, where Thunder cuts every shard
+    itself; from a transformed state dict it loads the kit's."""
+    return cell.simulated and cell.world_size > 10 and cell.init == "meta_module_init"
 
 
 def _string_order_slot(rank: int, world_size: int) -> int:

@@ -14,6 +14,7 @@ from conformance.matrix.profiles import cells
 from fixtures.models import fixture_for
 from fixtures.patterns import held_rows
 from tests.planted.registry import RECORDS
+from tests.planted.sharding import STRING_ORDER, shows_string_order
 from tests.support.permutations import decimal_order
 from tests.support.plant_plugin import ENV
 from tests.support.suite_runs import run_suite
@@ -48,15 +49,7 @@ CELLS = (_pythia_at(1000), _pythia_at(1024))
 # 1000 ranks, whose ranks past 986 hold padding only (each such cell compiles pythia: ~40 s);
 # a slot permutation on ci's own simulated cells, as ci runs them (module init shows it; a
 # transformed state dict's shards are the kit's)
-STRING_ORDER = ("slots_in_string_order", "state_dict_slots_in_string_order")
 RUNS_ON = {"padding_when_divisible": CELLS, **dict.fromkeys(STRING_ORDER, simulated.CI)}
-
-
-def shows_string_order(cell: Cell) -> bool:
-    """Where a string-order slot permutation (``STRING_ORDER``) must fail the sharding area: a
-    simulated world past 10 ranks (the identity below) under module init, where Thunder cuts
-    every shard itself; from a transformed state dict it loads the kit's."""
-    return cell.simulated and cell.world_size > 10 and cell.init == "meta_module_init"
 
 
 def _moved_ranks(cell: Cell) -> set[int]:

@@ -16,7 +16,7 @@ from conformance.checks import collectives, fsdp2
 from conformance.checks.record import Issued
 from fixtures.models import fixture_for
 from fixtures.options import MICRO_STEPS, MIXED
-from fixtures.torch_parallel import BLOCKS, ROOT
+from fixtures.torch_parallel import BLOCKS_WRAP, ROOT_WRAP
 from tests.support.issued import counted_pass, owed, tallied
 
 # world size -> the cases one world runs in turn: (model, tied, sharding, dtype, FSDP2's wrap)
@@ -26,19 +26,19 @@ CASES = {
     # blocks and the root, the tied embedding the root's; the root alone (3 divides no first dimension)
     # and a model with blocks sharded at its root alone
     3: [
-        ("litgpt_llama", True, "zero3", "float32", BLOCKS),
-        ("tied_lm", True, "zero3", "float32", BLOCKS),
-        ("litgpt_llama", False, "zero3", "float32", ROOT),
+        ("litgpt_llama", True, "zero3", "float32", BLOCKS_WRAP),
+        ("tied_lm", True, "zero3", "float32", BLOCKS_WRAP),
+        ("litgpt_llama", False, "zero3", "float32", ROOT_WRAP),
     ],
     # frozen parameters: gathered, never reduced; FSDP2's mixed precision
     2: [
-        ("litgpt_llama", False, "zero2", "float32", BLOCKS),
-        ("lora", False, "zero2", "float32", BLOCKS),
-        ("litgpt_llama", True, "zero3", "mixed_bfloat16", BLOCKS),
-        ("litgpt_llama", True, "zero2", "mixed_bfloat16", ROOT),
+        ("litgpt_llama", False, "zero2", "float32", BLOCKS_WRAP),
+        ("lora", False, "zero2", "float32", BLOCKS_WRAP),
+        ("litgpt_llama", True, "zero3", "mixed_bfloat16", BLOCKS_WRAP),
+        ("litgpt_llama", True, "zero2", "mixed_bfloat16", ROOT_WRAP),
     ],
     # 4 divides none of litgpt_llama's vocabulary rows (37): padded shards at 4 ranks too
-    4: [("litgpt_llama", False, "zero2", "mixed_bfloat16", BLOCKS)],
+    4: [("litgpt_llama", False, "zero2", "mixed_bfloat16", BLOCKS_WRAP)],
 }
 
 
@@ -105,5 +105,5 @@ def test_derived_counts_and_bytes_are_what_fsdp2_issues(tmp_path, world: int) ->
                 wanted = owed(collectives.scenario_wanted(scenario, want))
                 assert tallied(scenario_calls) == wanted, f"{scenario}: {name} {sharding}, rank {rank}"
             # the model is what the cases say: two blocks and the root, or the root alone
-            assert want["forward"]["all_gather"].count == (3 if name == "litgpt_llama" and wrap == BLOCKS else 1)
+            assert want["forward"]["all_gather"].count == (3 if name == "litgpt_llama" and wrap == BLOCKS_WRAP else 1)
 

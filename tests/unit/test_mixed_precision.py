@@ -15,17 +15,17 @@ import torch
 
 from fixtures.models import fixture_for
 from fixtures.options import MIXED
-from fixtures.torch_parallel import BLOCKS, ROOT
+from fixtures.torch_parallel import BLOCKS_WRAP, ROOT_WRAP
 
 pytestmark = pytest.mark.slow  # spawns a world of 2 ranks
 
 WORLD = 2
 # (model, tied, FSDP2's wrap: fixtures/torch_parallel.py)
 CASES = [
-    ("tied_lm", True, BLOCKS),
-    ("litgpt_llama", True, BLOCKS),
-    ("litgpt_llama", False, ROOT),
-    ("mlp", False, BLOCKS),
+    ("tied_lm", True, BLOCKS_WRAP),
+    ("litgpt_llama", True, BLOCKS_WRAP),
+    ("litgpt_llama", False, ROOT_WRAP),
+    ("mlp", False, BLOCKS_WRAP),
 ]
 
 
@@ -87,7 +87,7 @@ def test_the_reference_computes_as_fsdp2_mixed_precision_does(tmp_path) -> None:
 def test_the_twin_computes_in_float32_again() -> None:
     from conformance.rank.mixed import float32_twin, mixed
 
-    model = mixed(_model("mlp", False), torch.bfloat16, BLOCKS)
+    model = mixed(_model("mlp", False), torch.bfloat16, BLOCKS_WRAP)
     twin = float32_twin(model, torch.bfloat16)
     x = torch.randn(4, 12)
     assert model(x).dtype == torch.bfloat16 and twin(x).dtype == torch.float32

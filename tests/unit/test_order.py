@@ -21,7 +21,7 @@ from conformance.matrix.order import carries_of, contract_of, early_verdict, met
 from conformance.matrix.profiles import PROFILES, cells
 from conformance.matrix.simulated import world_of
 from tests.planted.registry import RECORDS
-from tests.planted.test_scale import STRING_ORDER, shows_string_order
+from tests.planted.sharding import STRING_ORDER, shows_string_order
 from tests.support.suite_runs import ROOT, probed_on_this_machine
 
 
@@ -42,13 +42,14 @@ def test_every_profile_keeps_its_cells_and_its_prefix_meets_every_value_and_feat
     main = max(counts, key=lambda w: (counts[w], w == world_of(given[0])))
     carried = collections.Counter(item for c in given for item in carries_of(c))
     sole = {c.id for c in given if any(carried[i] == 1 for i in carries_of(c))}
-    # in the greedy's order: each cell of the main world meets something new (another world's
-    # cells come as a block, where its first falls)
+    # in the greedy's order: each cell of the main world meets something its main-world
+    # predecessors did not (another world's cells come as a block where its first falls, which
+    # may be before cells the greedy took ahead of them)
     met: set = set()
     for c in prefix:
         if world_of(c) == main:
             assert not values_of(c) <= met or c.id in sole, c.id
-        met |= values_of(c)
+            met |= values_of(c)
     ends = [run.history, run.history + run.prefix, run.history + run.prefix + run.contract, len(given)]
     for start, end in zip([0, *ends[:-1]], ends, strict=True):  # another world's cells: one block a stage
         worlds = [world_of(c) for c in run.cells[start:end]]

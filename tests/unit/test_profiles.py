@@ -24,7 +24,7 @@ from fixtures.inits import INITS
 from fixtures.models import MODELS
 from fixtures.offloads import POLICIES
 from fixtures.options import BUCKETINGS, SCENARIOS
-from fixtures.torch_parallel import ROOT as ROOT_WRAP
+from fixtures.torch_parallel import ROOT_WRAP
 from tests.support.suite_runs import ROOT, offered
 
 # what the worlds' probe finds on the kit's pin on CPU (test_the_pins_probe below holds it to that)

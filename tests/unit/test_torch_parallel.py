@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from fixtures.models import MODELS
-from fixtures.torch_parallel import BLOCKS, ROOT, UnderTest, eager_name, units
+from fixtures.torch_parallel import BLOCKS_WRAP, ROOT_WRAP, UnderTest, eager_name, units
 
 
 class Blocks(nn.Module):
@@ -55,10 +55,10 @@ def test_a_tied_weight_is_found_by_each_of_its_names() -> None:
 
 def test_fsdp2_units_are_the_numbered_blocks_then_the_root_or_the_root_alone() -> None:
     model = Blocks()
-    assert units(model, BLOCKS) == [model.h[0], model.h[1], model]
-    assert units(model, ROOT) == [model]
+    assert units(model, BLOCKS_WRAP) == [model.h[0], model.h[1], model]
+    assert units(model, ROOT_WRAP) == [model]
     plain = MODELS["mlp"].build(False)
-    assert units(plain, BLOCKS) == units(plain, ROOT) == [plain]
+    assert units(plain, BLOCKS_WRAP) == units(plain, ROOT_WRAP) == [plain]
     with pytest.raises(ValueError, match="wrapped by"):
         units(model, "leaves")
 
