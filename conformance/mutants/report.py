@@ -11,6 +11,7 @@ from typing import Any
 
 from conformance.mutants.equivalents import DEVICES, Equivalent
 from conformance.mutants.kills import EQUIVALENT, KIT_ERROR, OUTCOMES, RAISED, SILENT, SURVIVED, TIMEOUT, Verdict
+from conformance.mutants.operators import family
 from conformance.mutants.sites import Mutant
 from conformance.mutants.trial import cells_for
 from conformance.reports.coverage_map import CoverageMap
@@ -69,8 +70,10 @@ def build(
     verdicts = [v for _, v, _ in judged]
     by_file: dict[str, list[Verdict]] = {}
     by_function: dict[str, list[Verdict]] = {}
+    by_family: dict[str, list[Verdict]] = {}
     for m, v, _ in judged:
         by_file.setdefault(m.path, []).append(v)
+        by_family.setdefault(family(m.operator), []).append(v)
         by_function.setdefault(f"{m.path}::{m.function or '<module>'}", []).append(v)
     times = [v.seconds for v in verdicts if v.outcome in RUN]
     matrix: dict[str, list[str]] = {}
@@ -81,6 +84,7 @@ def build(
         "score": score(verdicts).to_json(),
         "files": {f: score(vs).to_json() for f, vs in sorted(by_file.items())},
         "functions": {f: score(vs).to_json() for f, vs in sorted(by_function.items())},
+        "families": {f: score(vs).to_json() for f, vs in sorted(by_family.items())},
         "seconds": {
             "total": sum(times),
             "median": statistics.median(times) if times else None,
@@ -138,6 +142,19 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(
             f"| `{f}` | {fs['run']} | {c.get(SILENT, 0)} | {c.get(RAISED, 0) + c.get(TIMEOUT, 0)} | "
             f"{c.get(SURVIVED, 0)} | {_pct(fs['silent_score'])} | {_pct(fs['plain_score'])} |"
+        )
+    lines += [
+        "",
+        "## By kind of change (operator family)",
+        "",
+        "| family | run | silent | raised | survived | silent score |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f, fs in data.get("families", {}).items():
+        c = fs["counts"]
+        lines.append(
+            f"| {f} | {fs['run']} | {c.get(SILENT, 0)} | {c.get(RAISED, 0) + c.get(TIMEOUT, 0)} | "
+            f"{c.get(SURVIVED, 0)} | {_pct(fs['silent_score'])} |"
         )
     lines += ["", "## Kill matrix (check area → silently-wrong mutants it found)", ""]
     for area, ids in sorted(data["kill_matrix"].items(), key=lambda kv: -len(kv[1])):

@@ -32,7 +32,7 @@ from conformance.mutants.kills import (
     classify,
     raises,
 )
-from conformance.mutants.operators import KIT, NAMES
+from conformance.mutants.operators import FAMILIES, KIT, NAMES, PRESETS, family
 from conformance.mutants.overlay import Overlay, installed_thunder
 from conformance.reports.coverage_map import CellLines, CoverageMap, file_lines
 from tests.support.fake_thunder import SOURCE, fake_thunder
@@ -290,3 +290,14 @@ def test_an_equivalent_counts_apart_unless_a_check_killed_it(tmp_path: Path) -> 
     assert data["equivalence_refuted"] == [every[1].id]
     assert data["score"]["silent_score"] == 0.5
     assert "the kit refuted" in report.markdown(data)
+
+
+def test_every_operator_has_a_family_and_the_report_scores_each() -> None:
+    assert {family(n) for n in NAMES} == set(FAMILIES)
+    assert PRESETS["all"] == NAMES and set(PRESETS["kept-running"]) < set(NAMES)
+    every = list(sites.sites("thunder/distributed/utils.py", SOURCE))
+    judged = [(m, Verdict(SILENT if i % 2 else SURVIVED, 1, "c", ("numerics",)), "") for i, m in enumerate(every)]
+    data = report.build(judged, {}, CoverageMap("0", {}, {}, (), {}))
+    assert sum(f["run"] for f in data["families"].values()) == len(every)
+    assert set(data["families"]) == {family(m.operator) for m in every}
+    assert "## By kind of change" in report.markdown(data)
