@@ -12,8 +12,10 @@ how early the faults are found):
    A sole carrier is, by a coverage map (``--coverage-map``: an earlier ``--thunder-coverage``
    run's), a cell that alone ran some line of Thunder's distributed stack; without one, a cell
    that alone carries a feature of its model under a transform family and an init
-   (``carries_of``), a simulated world's way of getting its shards among them. A bug only such
-   a cell can show would otherwise wait for the tail;
+   (``carries_of``), a simulated world's way of getting its shards among them, or alone meets
+   an item of ci's coverage contract (a feature with a family and a scenario: the one cell
+   where a second shape's computation runs with a shared weight under DDP, say). A bug only
+   such a cell can show would otherwise wait for the tail;
 3. **the contract**: the same greedy over ci's coverage-contract items (a feature with a
    transform family and a scenario, or with an init: conformance/matrix/contract.py), in the
    order taken. A regression nearly always needs one such item, and pairs and triples would
@@ -97,11 +99,12 @@ def carries_of(cell: Cell) -> frozenset[Hashable]:
 def _sole_carriers(cells: Sequence[Cell], by_lines: Collection[str] | None) -> dict[str, frozenset[Hashable]]:
     """Cell id -> what it alone carries, for each of ``cells`` that alone carries something: by
     a coverage map's lines where there is one (``by_lines``: the ids that alone ran some line),
-    else by ``carries_of``."""
+    else by ``carries_of`` and ``contract_of``."""
     if by_lines is not None:
         return {c.id: frozenset({("sole carrier", c.id)}) for c in cells if c.id in by_lines}
-    counts = collections.Counter(item for c in cells for item in carries_of(c))
-    alone = {c.id: frozenset(i for i in carries_of(c) if counts[i] == 1) for c in cells}
+    carried = {c.id: carries_of(c) | contract_of(c) for c in cells}
+    counts = collections.Counter(item for c in cells for item in carried[c.id])
+    alone = {c.id: frozenset(i for i in carried[c.id] if counts[i] == 1) for c in cells}
     return {cell: items for cell, items in alone.items() if items}
 
 

@@ -40,8 +40,9 @@ def test_every_profile_keeps_its_cells_and_its_prefix_meets_every_value_and_feat
     assert met_by(prefix) == met_by(given)  # every world size, composition, scenario, init, feature...
     counts = collections.Counter(map(world_of, given))
     main = max(counts, key=lambda w: (counts[w], w == world_of(given[0])))
-    carried = collections.Counter(item for c in given for item in carries_of(c))
-    sole = {c.id for c in given if any(carried[i] == 1 for i in carries_of(c))}
+    carries = {c.id: carries_of(c) | contract_of(c) for c in given}
+    carried = collections.Counter(item for c in given for item in carries[c.id])
+    sole = {c.id for c in given if any(carried[i] == 1 for i in carries[c.id])}
     # in the greedy's order: each cell of the main world meets something its main-world
     # predecessors did not (another world's cells come as a block where its first falls, which
     # may be before cells the greedy took ahead of them)
