@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         every, chosen = select(args, root, cmap)
         reviewed = equivalents.load(args.equivalents, every, trial.device(tuple(args.suite_args)))
+        blind = equivalents.blind_spots(args.equivalents, every)
     except (BadInput, equivalents.EquivalentsError) as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 4
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.report_only:
             print(f"{added} mutants added, {len(pending)} to judge ({args.out / 'session.sqlite'})", flush=True)
             stopped = judge(pending, session, reviewed, cmap, root, args)
-        data = report.build(session.judged(), reviewed, cmap)
+        data = report.build(session.judged(), reviewed, cmap, blind)
     finally:
         session.close()
     (args.out / "mutants.json").write_text(json.dumps(data, indent=2))

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from conformance.mutants.equivalents import DEVICES, Equivalent
+from conformance.mutants.equivalents import DEVICES, BlindSpot, Equivalent
 from conformance.mutants.kills import EQUIVALENT, KIT_ERROR, OUTCOMES, RAISED, SILENT, SURVIVED, TIMEOUT, Verdict
 from conformance.mutants.operators import family
 from conformance.mutants.sites import Mutant
@@ -17,6 +17,7 @@ from conformance.mutants.trial import cells_for
 from conformance.reports.coverage_map import CoverageMap
 
 RUN = (SILENT, RAISED, TIMEOUT, SURVIVED, KIT_ERROR)  # a verdict from running cells
+KILLS = (SILENT, RAISED, TIMEOUT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +61,18 @@ def score(verdicts: Iterable[Verdict]) -> Score:
 
 
 def build(
-    judged: list[tuple[Mutant, Verdict, str]], equivalents: dict[str, Equivalent], cmap: CoverageMap
+    judged: list[tuple[Mutant, Verdict, str]],
+    equivalents: dict[str, Equivalent],
+    cmap: CoverageMap,
+    blind_spots: dict[str, BlindSpot] | None = None,
 ) -> dict[str, Any]:
     """mutants.json: the whole analysis. A mutant the equivalents file names counts as
     equivalent whatever an earlier trial said of it, unless a check killed it: then the
-    argument was wrong, and the report says so (``equivalence_refuted``)."""
-    refuted = [m.id for m, v, _ in judged if m.id in equivalents and v.outcome in (SILENT, RAISED, TIMEOUT)]
+    argument was wrong, and the report says so (``equivalence_refuted``). A blind spot the
+    file names keeps its trial's verdict (a survivor: the score counts it) and carries the
+    input that would show it; one a check killed is closed (``blind_spots_closed``)."""
+    blind_spots = blind_spots or {}
+    refuted = [m.id for m, v, _ in judged if m.id in equivalents and v.outcome in KILLS]
     judged = [(m, Verdict(EQUIVALENT) if m.id in equivalents and m.id not in refuted else v, d) for m, v, d in judged]
     verdicts = [v for _, v, _ in judged]
     by_file: dict[str, list[Verdict]] = {}
@@ -92,6 +99,7 @@ def build(
         },
         "kill_matrix": matrix,
         "equivalence_refuted": refuted,
+        "blind_spots_closed": [m.id for m, v, _ in judged if m.id in blind_spots and v.outcome in KILLS],
         "mutants": [
             {
                 "id": m.id,
@@ -105,6 +113,11 @@ def build(
                 # an argument that holds on some devices only: on the others the trial judges it
                 **({"equivalent_on": list(equivalents[m.id].devices)} if v.outcome == EQUIVALENT else {}),
                 **({"cells_running": cells_for(m, cmap)} if v.outcome == SURVIVED else {}),
+                **(
+                    {"blind_spot": {"why": blind_spots[m.id].why, "input": blind_spots[m.id].input}}
+                    if m.id in blind_spots
+                    else {}
+                ),
             }
             for m, v, d in judged
         ],
@@ -115,6 +128,10 @@ def _only_on(mutant: dict[str, Any]) -> str:
     """ " (on cpu only)" where the equivalence argument holds on some devices only."""
     on = mutant.get("equivalent_on") or list(DEVICES)
     return "" if set(on) >= set(DEVICES) else f" (on {', '.join(on)} only)"
+
+
+def _blind_spot(entry: dict[str, str]) -> list[str]:
+    return [f"A blind spot of the kit's inputs: {entry['why']}. Shown by: {entry['input']}.", ""]
 
 
 def _pct(x: float | None) -> str:
@@ -170,6 +187,7 @@ def markdown(data: dict[str, Any]) -> str:
             + ", ".join(f"`{c}`" for c in cells[:5])
             + (" …" if len(cells) > 5 else ""),
             "",
+            *(_blind_spot(m["blind_spot"]) if "blind_spot" in m else []),
             "```diff",
             m["diff"].rstrip(),
             "```",
@@ -183,6 +201,10 @@ def markdown(data: dict[str, Any]) -> str:
     if data["equivalence_refuted"]:
         lines += ["## Equivalents the kit refuted (a check killed them): fix mutants-equivalent.toml", ""]
         lines += [f"- `{i}`" for i in data["equivalence_refuted"]]
+        lines.append("")
+    if data.get("blind_spots_closed"):
+        lines += ["## Blind spots a check now sees: drop their entries from mutants-equivalent.toml", ""]
+        lines += [f"- `{i}`" for i in data["blind_spots_closed"]]
         lines.append("")
     equivalent = [m for m in data["mutants"] if m["outcome"] == EQUIVALENT]
     if equivalent:

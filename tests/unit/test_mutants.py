@@ -94,6 +94,26 @@ def test_an_equivalence_on_some_devices_sets_a_mutant_aside_only_there(tmp_path:
     assert trial.device(("--backend", "nccl")) == trial.device(("--nproc", "gpus")) == "cuda"
 
 
+def test_a_blind_spot_is_judged_counted_a_survivor_and_shown_with_its_input(tmp_path: Path) -> None:
+    every = list(sites.sites("thunder/distributed/utils.py", SOURCE))
+    file = tmp_path / "eq.toml"
+    entry = f'[[blind_spot]]\nmutant = "{{}}"\nwhy = "no model of the kit pads it"\ninput = "a 5-row bias at 2 ranks"\n'
+    file.write_text(entry.format(every[0].id) + entry.format(every[1].id))
+    spots = equivalents.blind_spots(file, every)
+    assert set(spots) == {every[0].id, every[1].id} and equivalents.load(file, every) == {}
+    judged = [(every[0], Verdict(SURVIVED), ""), (every[1], Verdict(SILENT, 1, "c", ("numerics",)), "")]
+    data = report.build(judged, {}, CoverageMap("0", {}, {}, (), {}), spots)
+    assert [m["outcome"] for m in data["mutants"]] == [SURVIVED, SILENT]
+    assert data["score"]["silent_score"] == 0.5  # the blind spot counts against the kit
+    assert data["mutants"][0]["blind_spot"]["input"] == "a 5-row bias at 2 ranks"
+    assert data["blind_spots_closed"] == [every[1].id]
+    text = report.markdown(data)
+    assert "Shown by: a 5-row bias at 2 ranks" in text and "Blind spots a check now sees" in text
+    file.write_text(f'[[blind_spot]]\nmutant = "{every[0].id}"\nwhy = "x"\n')
+    with pytest.raises(equivalents.EquivalentsError, match="names no 'input'"):
+        equivalents.blind_spots(file, every)
+
+
 def _digest_tree(folder: Path) -> dict[str, str]:
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()

@@ -126,12 +126,15 @@ def test_a_session_forgets_the_verdicts_of_one_outcome(tmp_path: Path) -> None:
 
 def test_kept_running_names_the_operators_that_tend_to_keep_thunder_running(tmp_path: Path, capsys) -> None:
     """``--operators kept-running`` expands to the preset; the four left out are those whose
-    mutants mostly make Thunder raise or delete a check that always holds."""
+    mutants mostly make Thunder raise or delete a check that always holds, and the two
+    negations added after its census; ``all`` takes them too."""
     assert set(NAMES) - set(KEPT_RUNNING) == {
         "core/AddNot",
         "core/ReplaceTrueWithFalse",
         "core/ReplaceFalseWithTrue",
         "kit/DeleteCallStatement",
+        "core/ReplaceUnaryOperator_Delete_Not",
+        "kit/ReverseMembership",
     }
     path = "thunder/distributed/utils.py"
     cmap = CoverageMap("0", {path: file_lines(installed_thunder() / path)}, {}, (), {})
@@ -141,6 +144,9 @@ def test_kept_running_names_the_operators_that_tend_to_keep_thunder_running(tmp_
     assert main([*args, "--operators", "kept-running"]) == 0
     listed = {line.split()[0].split(":")[2].split("#")[0] for line in capsys.readouterr().out.splitlines()}
     assert listed and listed <= set(KEPT_RUNNING)
+    assert main([*args, "--operators", "all"]) == 0
+    every = {line.split()[0].split(":")[2].split("#")[0] for line in capsys.readouterr().out.splitlines()}
+    assert every > listed and "kit/ReverseMembership" in every
 
 
 def test_sigterm_stops_the_analysis_as_ctrl_c_does(tmp_path: Path, monkeypatch) -> None:
