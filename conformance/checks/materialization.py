@@ -46,15 +46,25 @@ def check(run: CellRecord) -> Findings:
         kind = raised_kind(setup.loaded_error)
         call = "set_model_state_dict"
         found.fail(LOAD_RAISED, f"{call} of the full state dict raised {setup.loaded_error}", call=call, raised=kind)
-    elif run.init.values_from_eager:
-        found.close(
-            "materialization.tensor", "initial parameters", setup.initial, setup.eager_initial, rtol=0.0, atol=0.0
-        )
     else:
-        _like_module_init(run, found)
+        # what the user handed over (every weight but those Thunder drew) must come out bit for
+        # bit as handed; what Thunder drew, as each module draws it
+        fresh = run.drawn_by_thunder()
+        loaded = {n: t for n, t in setup.eager_initial.items() if fresh is not None and n not in fresh}
+        if loaded:
+            found.close(
+                "materialization.tensor",
+                "initial parameters",
+                {n: t for n, t in setup.initial.items() if n in loaded or n not in setup.eager_initial},
+                loaded,
+                rtol=0.0,
+                atol=0.0,
+            )
+        if fresh is None or fresh:
+            _like_module_init(run, found, fresh)
     # module init draws the buffers eager draws at random (held to a fresh draw, like a
     # parameter); every other buffer must be eager's, bit for bit
-    drawn = {} if run.init.values_from_eager else _buffer_draws(run, found)
+    drawn = {} if run.init.values_from_eager else _buffer_draws(run, found, run.drawn_by_thunder())
     kept = {n: t for n, t in setup.buffers.items() if n not in drawn}
     eager = {n: t for n, t in setup.eager_buffers.items() if n not in drawn}
     found.close("materialization.tensor", "buffers", kept, eager, rtol=0.0, atol=0.0)
@@ -76,15 +86,20 @@ def check(run: CellRecord) -> Findings:
     return found
 
 
-def _like_module_init(run: CellRecord, found: Findings) -> None:
+def _like_module_init(run: CellRecord, found: Findings, drawn: set[str] | None) -> None:
+    """The parameters Thunder drew (``drawn``; None: every one) against what each module draws."""
     fixture = fixture_for(run.cell.model, run.cell.spec)
     expected = draws.expectations(lambda: fixture.build(run.cell.tie == "tied"))
+    if drawn is not None:
+        expected = {n: e for n, e in expected.items() if n in drawn}
     if COMPOSITIONS[run.cell.composition].parallelism == "torch":
         # the user's procedure resets every module (torch_parallel.materialize), each owner of a
         # tie in turn: which one's draw it keeps is Lightning's order, not Thunder's to answer
         for exp in expected.values():
             exp.fits, exp.others = [*exp.fits, *exp.others], []
     initial, eager_model = run.setup.initial, run.setup.eager_initial
+    if drawn is not None:
+        initial = {n: t for n, t in initial.items() if n in drawn}
     worst, compared, too_small = 0.0, 0, 0
     passed: dict[str, torch.Tensor] = {}
     for name in [*expected, *(n for n in initial if n not in expected)]:
@@ -128,10 +143,13 @@ def _like_module_init(run: CellRecord, found: Findings) -> None:
     found.metrics["initial shards: pairs too small to compare"] = too_small
 
 
-def _buffer_draws(run: CellRecord, found: Findings) -> dict[str, draws.Expectation]:
-    """The buffers eager draws at random, each held to a fresh draw of it."""
+def _buffer_draws(run: CellRecord, found: Findings, drawn: set[str] | None) -> dict[str, draws.Expectation]:
+    """The buffers eager draws at random (of those Thunder drew, ``drawn``; None: every one),
+    each held to a fresh draw of it."""
     fixture = fixture_for(run.cell.model, run.cell.spec)
     expected = draws.buffer_expectations(lambda: fixture.build(run.cell.tie == "tied"))
+    if drawn is not None:
+        expected = {n: e for n, e in expected.items() if n in drawn}
     for name, exp in expected.items():
         eager_model = run.setup.eager_buffers.get(name)
         dtype = eager_model.dtype if eager_model is not None else run.dtype

@@ -373,13 +373,22 @@ class CellRecord:
 
     @property
     def before(self) -> ParametersAfter:
-        """Full parameters right after setup, as the first step starts from them (under
-        module init the eager model adopted Thunder's; the float32 twin starts from the
-        eager model's values, upcast)."""
-        ref = self.setup.eager_initial if self.init.values_from_eager else self.setup.initial
+        """Full parameters right after setup, as the first step starts from them (the eager model
+        adopted those Thunder drew; the float32 twin starts from the eager model's values,
+        upcast)."""
+        drawn = self.drawn_by_thunder()
+        eager = self.setup.eager_initial
+        ref = {n: self.setup.initial[n] if drawn is None or n in drawn else t for n, t in eager.items()}
         twin = {n: t.float() for n, t in ref.items()} if self.computes_in != torch.float32 else None
         return ParametersAfter(thunder=self.setup.initial, eager_model=ref, twin=twin)
 
     @property
     def init(self) -> inits.InitMode:
         return inits.INITS[self.cell.init]
+
+    def drawn_by_thunder(self) -> set[str] | None:
+        """The tensors Thunder drew at setup (None: every one; ``inits.drawn_by_thunder``)."""
+        from fixtures.models import fixture_for
+
+        fixture = fixture_for(self.cell.model, self.cell.spec)
+        return inits.drawn_by_thunder(self.init, lambda: fixture.build(self.cell.tie == "tied"), fixture.fresh)

@@ -6,6 +6,7 @@ built over, and the cell a replay's JSON names, validated.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Collection
 from typing import Any
@@ -15,7 +16,7 @@ from conformance.matrix.cells import DEFAULT_EXECUTORS as EXECUTORS_DEFAULT
 from conformance.matrix.cells import Cell
 from fixtures.compositions import COMPOSITIONS
 from fixtures.executors import EXECUTORS
-from fixtures.inits import INITS
+from fixtures.inits import INITS, fresh_part
 from fixtures.models import MODELS, fixture_for
 from fixtures.offloads import POLICIES
 from fixtures.options import BUCKETINGS, DTYPES, MIXED, SCENARIOS, SHARDINGS, TIES
@@ -30,6 +31,10 @@ def valid(row: dict[str, Any]) -> bool:
         inits = COMPOSITIONS[row["composition"]].inits
         if inits is not None and row["init"] not in inits:
             return False
+    # a partly-meta init needs a part a fine-tune adds that shares nothing with the loaded rest
+    partly_meta = row.get("init") in INITS and INITS[row["init"]].partly_meta
+    if partly_meta and "model" in row and not has_fresh_part(row["model"], row.get("tie", "untied")):
+        return False
     # a model whose eager twin replays Thunder's dropout masks does so in training only
     if "model" in row and MODELS[row["model"]].output_dropout is not None and row.get("scenario", "train") != "train":
         return False
@@ -40,6 +45,18 @@ def valid(row: dict[str, Any]) -> bool:
         return False
     # mixed precision is FSDP2's policy
     return not (row.get("dtype") in MIXED and "composition" in row and not _fsdp2(row["composition"]))
+
+
+@functools.cache
+def has_fresh_part(model: str, tie: str) -> bool:
+    """Whether the model, so tied, has a part a fine-tune adds (``fixtures.inits.fresh_part``),
+    built on the meta device: nothing is drawn."""
+    import torch
+
+    fixture = MODELS[model]
+    with torch.device("meta"):
+        module = fixture.build(tie == "tied")
+    return bool(fresh_part(module, fixture.fresh))
 
 
 def _fsdp2(composition: str) -> bool:

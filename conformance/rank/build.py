@@ -72,6 +72,10 @@ class Recipe:
         """The rank whose weights every rank ends up with."""
         return self.init.source(self.cell.world_size)
 
+    def drawn_by_thunder(self) -> set[str] | None:
+        """The tensors Thunder draws at setup (None: every one; ``inits.drawn_by_thunder``)."""
+        return inits.drawn_by_thunder(self.init, self.make, self.fixture.fresh)
+
 
 def recipe(cell: Cell, device: torch.device) -> Recipe:
     """The cell's parts; raises Unsupported where a probe (the composition's, offloading's,
@@ -130,9 +134,16 @@ class EagerModel:
 
 def eager_module_inits(recipe: Recipe, device: torch.device) -> list[ModuleInit]:
     """Eager's initialization of each module Thunder's materialization initializes on its own:
-    every one under module init, only those with non-persistent buffers where it loads a state
-    dict (the rest come from the state dict)."""
-    return module_inits(recipe.make, recipe.dtype, device, non_persistent_only=recipe.plan.materialize != "module")
+    every one under module init (of a partly-meta model, its fresh part's), only those with
+    non-persistent buffers where it loads a state dict (the rest come from the state dict)."""
+    only = set(recipe.fixture.fresh) if recipe.init.partly_meta else None
+    non_persistent_only = recipe.plan.materialize != "module"
+    return module_inits(recipe.make, recipe.dtype, device, non_persistent_only=non_persistent_only, only=only)
+
+
+def _materializes(init: inits.InitMode) -> bool:
+    """Whether Thunder's materialization draws some module of the model (its readings matter)."""
+    return init.on_meta or init.partly_meta
 
 
 def build_eager_model(recipe: Recipe) -> EagerModel:
@@ -149,7 +160,7 @@ def build_eager_model(recipe: Recipe) -> EagerModel:
         setup_peak=construction.peak,
         replicated=recipe.composition.replicated,
         dtensors=recipe.composition.parallelism == "torch",
-        module_inits=eager_module_inits(recipe, recipe.device) if recipe.init.on_meta else [],
+        module_inits=eager_module_inits(recipe, recipe.device) if _materializes(recipe.init) else [],
     )
 
 
@@ -191,7 +202,7 @@ def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
         # the eager model the state dict comes from: a load that writes nothing then shows
         offset = LOADED_OVER if recipe.plan.load_after else 0
         torch.manual_seed(SEED + (rank if recipe.init.broadcast else 0) + offset)
-        model = inits.build(recipe.init, recipe.make, recipe.device, recipe.dtype)
+        model = inits.build(recipe.init, recipe.make, recipe.device, recipe.dtype, recipe.fixture.fresh)
         how = Setup(
             recipe.device,
             materialization_init,

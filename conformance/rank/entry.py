@@ -159,8 +159,9 @@ def offload_decision(transforms: list[Any]) -> Any:
 
 def record_setup(parts: Recipe, eager_model: EagerModel, tm: Any, loaded_error: str | None = None) -> SetupRecord:
     """What the Thunder module holds right after setup. Where Thunder drew the weights
-    (module init), or a state dict's load raised (``loaded_error``: materialization's finding),
-    the eager model adopts them so that the steps can be compared."""
+    (module init; a partly-meta model's fresh part), or a state dict's load raised
+    (``loaded_error``: materialization's finding), the eager model adopts them so that the
+    steps can be compared: a loaded weight Thunder changed is then numerics' finding too."""
     placement = {n: str(t.device) for n, t in (*tm.named_parameters(), *tm.named_buffers())}
     buffers = cpu_copies(tm.named_buffers())
     on_ranks = on_every_rank(buffers)
@@ -173,12 +174,18 @@ def record_setup(parts: Recipe, eager_model: EagerModel, tm: Any, loaded_error: 
         buffers_unlike_rank0=sorted(n for n, t in buffers.items() if not identical(t, on_ranks[0].get(n))),
         loaded_error=loaded_error,
     )
-    if not parts.init.values_from_eager or loaded_error is not None:
+    # what Thunder drew (None: every tensor), the values eager adopts; after a raised load,
+    # whatever the module holds
+    drawn = None if loaded_error is not None else parts.drawn_by_thunder()
+    if drawn is None or drawn:
         with torch.no_grad():
             for n, p in eager_model.module.named_parameters():
-                p.copy_(setup.initial[n])
+                if drawn is None or n in drawn:
+                    p.copy_(setup.initial[n])
             # buffers eager draws at random were drawn by Thunder too (checked by materialization)
             for n in draws.buffer_expectations(parts.make):
+                if drawn is not None and n not in drawn:
+                    continue
                 if n in buffers and buffers[n].shape == eager_model.module.get_buffer(n).shape:
                     eager_model.module.get_buffer(n).copy_(buffers[n])
     return setup

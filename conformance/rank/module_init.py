@@ -7,7 +7,7 @@ readings (``conformance/checks/memory/setup_path.py``); they are eager's, never 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 from torch import nn
@@ -18,17 +18,25 @@ from conformance.rank import measure
 
 
 def module_inits(
-    make: Callable[[], nn.Module], dtype: torch.dtype, device: torch.device, non_persistent_only: bool
+    make: Callable[[], nn.Module],
+    dtype: torch.dtype,
+    device: torch.device,
+    non_persistent_only: bool,
+    only: Collection[str] | None = None,
 ) -> list[ModuleInit]:
     """One reading per module Thunder initializes this way, in ``named_modules`` order (the
     order it materializes in): each module that owns a tensor, or where it loads a state dict
-    (``non_persistent_only``) each that owns a non-persistent buffer. The global RNG is left
-    as it was: a reset draws."""
+    (``non_persistent_only``) each that owns a non-persistent buffer; ``only``: of these modules
+    alone (a partly-meta model's fresh part). The global RNG is left as it was: a reset draws."""
     with torch.device("meta"):
         model = make().to(dtype)  # as fixtures.inits.build builds a meta cell's model
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        return [_init(name, m, device) for name, m in model.named_modules() if materialized(m, non_persistent_only)]
+        return [
+            _init(name, m, device)
+            for name, m in model.named_modules()
+            if materialized(m, non_persistent_only) and (only is None or name in only)
+        ]
 
 
 def _init(name: str, module: nn.Module, device: torch.device) -> ModuleInit:

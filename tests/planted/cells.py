@@ -22,6 +22,9 @@ NEGATIVE: Pred = expects_reset_error
 # module init that is expected to succeed (a negative cell stops at its TypeError first)
 MODULE_INIT: Pred = lambda cell: cell.init == "meta_module_init" and not expects_reset_error(cell)  # noqa: E731
 
+# the model real but for a fine-tune's fresh part, on meta: Thunder draws that part only
+PARTLY_META: Pred = lambda cell: INITS[cell.init].partly_meta  # noqa: E731
+
 OFFLOADING: Pred = lambda cell: cell.offload != "none"  # noqa: E731
 BF16: Pred = lambda cell: cell.dtype == "bfloat16"  # noqa: E731
 ZERO3_REAL: Pred = lambda cell: cell.sharding == "zero3" and REAL(cell)  # noqa: E731

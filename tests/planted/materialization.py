@@ -13,7 +13,7 @@ import pytest
 
 from conformance.matrix.cells import Cell
 from fixtures.models import fixture_for
-from tests.planted.cells import ALL, MODULE_INIT, NONE, RANDOM_BUFFER, REAL, RESUME
+from tests.planted.cells import ALL, MODULE_INIT, NONE, PARTLY_META, RANDOM_BUFFER, REAL, RESUME
 from tests.planted.record import Expect, planted
 
 
@@ -207,4 +207,44 @@ def module_init_draws_per_rank() -> Iterator[None]:
     import torch.distributed as dist
 
     with _during_module_init(lambda tm, mp: torch.manual_seed(4242 + dist.get_rank())):
+        yield
+
+
+class _EveryNameOnceAny(set):
+    """A set of names that, once it holds any, answers that it holds every name."""
+
+    def __contains__(self, name: object) -> bool:
+        return bool(len(self))
+
+
+@planted(
+    {
+        "materialization": Expect(PARTLY_META, NONE, "initial parameters ["),
+        # eager keeps the loaded weights Thunder re-drew: outputs part from step 0
+        "numerics": Expect(PARTLY_META),
+        # re-initializing every module allocates what materializing the fresh part alone does not
+        "memory": Expect(NONE, PARTLY_META),
+        "state_dict": Expect(NONE, PARTLY_META),
+    },
+    cells=(
+        PARTLY_META,
+        MODULE_INIT,
+        lambda c: REAL(c) and not PARTLY_META(c) and c.composition == "jit_fsdp",
+    ),
+)
+@contextlib.contextmanager
+def loaded_modules_reinitialized() -> Iterator[None]:
+    """Once some tensor was on meta, module init re-initializes every module, the loaded ones
+    too (Thunder's 2024 regression): a model wholly on meta cannot tell, a real one
+    materializes nothing, and a partly-meta one loses its loaded weights to fresh draws."""
+    import thunder.transforms.materialization as materialization
+
+    original = materialization.module_init_from_original_module_init
+
+    def init(transform: Any, tm: Any, *args: Any, **kwargs: Any) -> Any:
+        transform.have_materialized = _EveryNameOnceAny(transform.have_materialized)
+        return original(transform, tm, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(materialization, "module_init_from_original_module_init", init)
         yield

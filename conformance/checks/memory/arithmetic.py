@@ -100,9 +100,13 @@ def setup_estimate(run: CellRecord | SimulatedRecord, resident: int) -> int:
     # then parameter by parameter: a padded copy (where dim 0 needs padding) to cut the shard
     # from, the shard cloned into the new parameter; the originals are released once all
     # shards are cut (FSDP walks a list that holds them). Each one allocation (rounded on CUDA).
-    params = distinct_storages(eager_model).values()
+    # A partly-meta model's fresh part is on meta there: cut as meta, nothing allocated, then
+    # materialized module by module over the shards, as under meta init.
+    fresh = run.drawn_by_thunder() if isinstance(run, CellRecord) and run.init.partly_meta else set()
+    on_meta = {id(t) for n, t in (*eager_model.named_parameters(), *eager_model.named_buffers()) if n in fresh}
+    params = [p for p in distinct_storages(eager_model).values() if id(p) not in on_meta]
     live = sharding = allocations((p.nbytes for p in params), device) + allocations(
-        (b.nbytes for b in eager_model.buffers()), device
+        (b.nbytes for b in eager_model.buffers() if id(b) not in on_meta), device
     )
     for p in params:
         whole, padded = p.nbytes, padded_bytes(p, world)
@@ -110,7 +114,30 @@ def setup_estimate(run: CellRecord | SimulatedRecord, resident: int) -> int:
         copy = allocated_bytes(padded, device) if padded != whole else 0
         sharding = max(sharding, live + copy + piece, live + 2 * piece)
         live += piece
-    return max(run.memory.eager_peaks["setup"], sharding)
+    peak = max(run.memory.eager_peaks["setup"], sharding)
+    if fresh:
+        originals = allocations((p.nbytes for p in params), device)
+        peak = max(peak, partly_meta_setup(run, resident, originals).peak)
+    return peak
+
+
+def partly_meta_setup(run: CellRecord, resident: int, originals: int) -> SetupPath:
+    """The materialization of a partly-meta model's fresh part, after sharding: its modules
+    alone, along the path of ``setup_path.py``, over every shard, and over the loaded part's
+    original parameters (``originals``: their bytes) where the caller still holds them."""
+    from fixtures.models import fixture_for
+
+    held = originals if COMPOSITIONS[run.cell.composition].caller_holds_originals else 0
+    return setup_path(
+        run.eager_model,
+        run.memory.module_inits,
+        materialize="module",
+        handed_over=None,
+        resident=resident + held,
+        world=None if replicated(run) else run.cell.world_size,
+        device=run.device,
+        only=set(fixture_for(run.cell.model, run.cell.spec).fresh),
+    )
 
 
 @dataclasses.dataclass(frozen=True)

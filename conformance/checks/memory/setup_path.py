@@ -22,6 +22,7 @@ among the parameters): both are allowed, summed over the replaced buffers.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 import torch
 from torch import nn
@@ -64,11 +65,13 @@ def setup_path(
     resident: int,
     world: int | None,
     device: torch.device | str,
+    only: Collection[str] | None = None,
 ) -> SetupPath:
     """``materialize``: "module", "original" or "transformed" (conformance.matrix.initialization);
     ``handed_over``: the state dict the kit hands over, if any; ``resident``: the shards (or
     whole tensors) and buffers without 0-d ones; ``world``: the pieces each parameter is cut
-    in (None: not cut, DDP)."""
+    in (None: not cut, DDP); ``only``: these modules alone are on meta (a partly-meta model's
+    fresh part), the others real, sharded before."""
     scalars = allocations(
         (t.nbytes for t in {id(t): t for t in (*model.parameters(), *model.buffers())}.values() if t.dim() == 0),
         device,
@@ -79,6 +82,8 @@ def setup_path(
     missing = None
     for name, module in model.named_modules():
         if not materialized(module, non_persistent_only=materialize != "module"):
+            continue
+        if only is not None and name not in only:
             continue
         tensors = {**dict(module.named_parameters(recurse=False)), **dict(module.named_buffers(recurse=False))}
         if all(id(t) in processed for t in tensors.values()):  # every one tied to a loaded one: nothing made
