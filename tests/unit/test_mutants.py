@@ -97,7 +97,7 @@ def test_an_equivalence_on_some_devices_sets_a_mutant_aside_only_there(tmp_path:
 def test_a_blind_spot_is_judged_counted_a_survivor_and_shown_with_its_input(tmp_path: Path) -> None:
     every = list(sites.sites("thunder/distributed/utils.py", SOURCE))
     file = tmp_path / "eq.toml"
-    entry = f'[[blind_spot]]\nmutant = "{{}}"\nwhy = "no model of the kit pads it"\ninput = "a 5-row bias at 2 ranks"\n'
+    entry = '[[blind_spot]]\nmutant = "{}"\nwhy = "no model of the kit pads it"\ninput = "a 5-row bias at 2 ranks"\n'
     file.write_text(entry.format(every[0].id) + entry.format(every[1].id))
     spots = equivalents.blind_spots(file, every)
     assert set(spots) == {every[0].id, every[1].id} and equivalents.load(file, every) == {}
