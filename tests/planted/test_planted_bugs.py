@@ -42,9 +42,8 @@ def _selection(bug: PlantedBug) -> list[str]:
     # on the pin, the probed compositions and executors are the unsupported ones; of each kind
     # wanted the cheapest cell (by its model's tracing and its scenario's compilations: the
     # records are most of the kit's slow tests' time, and a planted bug shows on any cell of its
-    # kind), from ci or nightly, whichever holds every kind wanted for less (a pairwise array
-    # need not hold every triple: root_owned's resume may be DDP's alone; nightly's torchcompile
-    # cells include some that train only, where ci's all recompile for a scenario)
+    # kind), from ci, else nightly (a pairwise array need not hold every triple: root_owned's
+    # resume may be DDP's alone)
     probed = probed_on_this_machine()
     # a cell the pin's raises entries expect to raise ends there: no planted bug can show in it,
     # unless the bug is about that raise (``PlantedBug.at_raises``)
@@ -63,8 +62,10 @@ def _selection(bug: PlantedBug) -> list[str]:
             offers[profile] = chosen
     if not offers:
         raise AssertionError(f"no profile holds a cell of each kind {bug.name} is tried on")
-    # ci on a tie: its cells are the ones CI's own run just ran clean
-    profile = min(offers, key=lambda p: (sum(expected_seconds(c) for c in offers[p]), p != "ci"))
+    # ci wherever it holds every kind: its cells are the ones CI's own run just ran clean, where
+    # a nightly cell may fail on the pin for reasons of its own (root_owned's bfloat16 ZERO3
+    # forward peak, 60 B over its bound: docs/measurements.md, session 42)
+    profile = "ci" if "ci" in offers else "nightly"
     return ["--profile", profile, "-k", " or ".join(c.id for c in offers[profile])]
 
 
