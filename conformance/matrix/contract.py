@@ -21,9 +21,8 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from conformance.matrix.axes import pairwise_values, valid
-from conformance.matrix.cells import Cell
+from conformance.matrix.cells import DEFAULT_EXECUTORS, Cell
 from conformance.matrix.features import FEATURES, features
-from conformance.matrix.cells import DEFAULT_EXECUTORS
 from fixtures.compositions import COMPOSITIONS
 from fixtures.executors import EXECUTORS
 from fixtures.inits import INITS, InitMode
