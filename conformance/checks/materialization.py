@@ -41,6 +41,7 @@ def check(run: CellRecord) -> Findings:
     wrong = {n: d for n, d in setup.placement.items() if d not in ("meta", str(run.device))}
     with found.expect("materialization.placement", "placement", names=sorted(wrong)):
         assert not wrong, f"expected every tensor on {run.device}, found {wrong}"
+    by_thunder = run.drawn_by_thunder()  # what Thunder drew (None: every tensor)
     if setup.loaded_error is not None:
         # the values it left are not the state dict's, and say nothing more than the raise
         kind = raised_kind(setup.loaded_error)
@@ -49,8 +50,7 @@ def check(run: CellRecord) -> Findings:
     else:
         # what the user handed over (every weight but those Thunder drew) must come out bit for
         # bit as handed; what Thunder drew, as each module draws it
-        fresh = run.drawn_by_thunder()
-        loaded = {n: t for n, t in setup.eager_initial.items() if fresh is not None and n not in fresh}
+        loaded = {n: t for n, t in setup.eager_initial.items() if by_thunder is not None and n not in by_thunder}
         if loaded:
             found.close(
                 "materialization.tensor",
@@ -60,11 +60,11 @@ def check(run: CellRecord) -> Findings:
                 rtol=0.0,
                 atol=0.0,
             )
-        if fresh is None or fresh:
-            _like_module_init(run, found, fresh)
+        if by_thunder is None or by_thunder:
+            _like_module_init(run, found, by_thunder)
     # module init draws the buffers eager draws at random (held to a fresh draw, like a
     # parameter); every other buffer must be eager's, bit for bit
-    drawn = {} if run.init.values_from_eager else _buffer_draws(run, found, run.drawn_by_thunder())
+    drawn = {} if run.init.values_from_eager else _buffer_draws(run, found, by_thunder)
     kept = {n: t for n, t in setup.buffers.items() if n not in drawn}
     eager = {n: t for n, t in setup.eager_buffers.items() if n not in drawn}
     found.close("materialization.tensor", "buffers", kept, eager, rtol=0.0, atol=0.0)
