@@ -188,6 +188,18 @@ def run_suite(
 CI_REPORT_ENV = "CONFORMANCE_CI_REPORT"
 
 
+def verdict_of(report: dict[str, Any]) -> str:
+    """What a report says made its exit status: the counts, the stale templates and each cell
+    that failed, with the first line of its message (CI prints this; its reports are gone)."""
+    lines = [f"exit status {report['exit_status']}: {report['counts']}"]
+    lines += [f"stale: {s['template']} {s['text']}" for s in report["xfail_templates"]["stale"]]
+    for item in report["cells"]:
+        if item["outcome"] not in ("passed", "xfailed", "unsupported"):
+            first_line = (item.get("message") or "").partition("\n")[0]
+            lines.append(f"{item['outcome']}: {item['id']}: {first_line[:300]}")
+    return "\n".join(lines)
+
+
 def reused_ci_run() -> SuiteRun | None:
     """The ci run that CI_REPORT_ENV names, or None where it names none. It must be a whole
     run of the ci profile, written by this very commit, unmodified, or the test fails saying why."""
@@ -212,7 +224,7 @@ def reused_ci_run() -> SuiteRun | None:
         )
     return SuiteRun(
         returncode=report["exit_status"],
-        output=f"(the ci run of {folder}: see its summary.md)",
+        output=f"(the ci run of {folder}, whose reports CI does not keep) " + verdict_of(report),
         report=report,
         jsonl=[json.loads(line) for line in (report_dir / "report.jsonl").read_text().splitlines()],
         summary=(report_dir / "summary.md").read_text(),
