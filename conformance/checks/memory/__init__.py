@@ -36,7 +36,7 @@ Bounded:
 - forward (the measured step: SGD, no optimizer state): the unsharded parameters (gathered
   and, under ZERO2, saved for the backward) plus ACTIVATION_FACTOR x eager's forward peak on
   the same input (the float32 twin's below float32: Thunder computes low-precision chains in
-  float32) plus what the offloading transform copied on the same device, plus on gloo the
+  float32, and eager's own peak in the cell's dtype beside, the tensors they were cast from) plus what the offloading transform copied on the same device, plus on gloo the
   two largest gathered buckets (each of its two worker threads releases a finished
   all-gather's buffers late);
 - backward: the forward's bound plus eager's backward peak (its full gradients included).
@@ -113,7 +113,11 @@ def check(run: CellRecord) -> Findings:
         (s.nbytes for s in memory.saved or [] if s is not None and s.offloaded and s.device == str(run.device)),
         run.device,
     )
-    forward = model.unsharded + ACTIVATION_FACTOR * activations + copies + late_release(run)
+    # below float32 the chain runs in float32 upcast from the cell's dtype, and the tensors it
+    # was cast from stay alive beside it: at most eager's own peak in that dtype (root_owned's
+    # BatchNorm in bfloat16: 2.05 x its float32 peak without them, 2026-11-30)
+    cast_from = memory.eager_peaks["forward"] if "float32 forward" in memory.eager_peaks else 0
+    forward = model.unsharded + ACTIVATION_FACTOR * activations + cast_from + copies + late_release(run)
     backward = forward + eager_peak(run, "backward")
     traces = run.traces.by_phase()
     _held_after_forward(run, model, traces.get("forward"), found)
