@@ -33,8 +33,9 @@ def allowed(refused: Refused = frozenset()) -> Callable[[dict[str, Any]], bool]:
 
 def full(values: dict[str, list[Any]], refused: Refused = frozenset()) -> Iterator[Cell]:
     ok = allowed(refused)
-    for combo in itertools.product(*(values[a] for a in AXES)):
-        row = dict(zip(AXES, combo, strict=True))
+    axes = [a for a in AXES if a in values]  # an axis left out stays at its default
+    for combo in itertools.product(*(values[a] for a in axes)):
+        row = dict(zip(axes, combo, strict=True))
         if ok(row):
             yield Cell(**row)
 

@@ -12,8 +12,9 @@ from collections.abc import Collection
 from typing import Any
 
 from conformance.matrix import simulated
+from conformance.matrix.cells import DEFAULT_CHECKPOINTING, Cell
 from conformance.matrix.cells import DEFAULT_EXECUTORS as EXECUTORS_DEFAULT
-from conformance.matrix.cells import Cell
+from fixtures.checkpointing import CHECKPOINTINGS, numbered_blocks
 from fixtures.compositions import COMPOSITIONS
 from fixtures.executors import EXECUTORS
 from fixtures.inits import INITS, fresh_part
@@ -43,6 +44,14 @@ def valid(row: dict[str, Any]) -> bool:
     replicated = "composition" in row and COMPOSITIONS[row["composition"]].replicated
     if replicated and row.get("sharding", "zero2") != "zero2":
         return False
+    # checkpointing applies to models with blocks, under Thunder's own transforms, offloading nothing
+    if row.get("checkpointing", DEFAULT_CHECKPOINTING) != DEFAULT_CHECKPOINTING:
+        if "model" in row and not has_blocks(row["model"]):
+            return False
+        if "composition" in row and COMPOSITIONS[row["composition"]].parallelism != "thunder":
+            return False
+        if row.get("offload", "none") != "none":
+            return False
     # mixed precision is FSDP2's policy
     return not (row.get("dtype") in MIXED and "composition" in row and not _fsdp2(row["composition"]))
 
@@ -57,6 +66,15 @@ def has_fresh_part(model: str, tie: str) -> bool:
     with torch.device("meta"):
         module = fixture.build(tie == "tied")
     return bool(fresh_part(module, fixture.fresh))
+
+
+@functools.cache
+def has_blocks(model: str) -> bool:
+    """Whether the model has numbered blocks to checkpoint, built on the meta device."""
+    import torch
+
+    with torch.device("meta"):
+        return bool(numbered_blocks(MODELS[model].build(False)))
 
 
 def _fsdp2(composition: str) -> bool:
@@ -83,9 +101,17 @@ def axis_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str,
         "bucketing": list(BUCKETINGS),
         "dtype": [d for d in DTYPES if d not in MIXED],  # FSDP2's policy: torch_parallel_values
         "executors": [e for e in EXECUTORS if e not in unsupported],
+        "checkpointing": list(CHECKPOINTINGS),
         "scenario": list(SCENARIOS),
         "world_size": [world_size],
     }
+
+
+def _uncheckpointed(values: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """``values`` without the checkpointing axis: an array over them leaves it at its default.
+    Checkpointing applies to the models with blocks only, so paired with every other value it
+    would bring a litgpt cell each; its cells have an array of their own (``checkpointing_values``)."""
+    return {a: v for a, v in values.items() if a != "checkpointing"}
 
 
 def pairwise_values(profile: str, world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
@@ -95,7 +121,7 @@ def pairwise_values(profile: str, world_size: int, unsupported: Collection[str] 
     not apply to them, and a constraint pinning those bloats covertable's array) and not the
     models that train only (``trains_only``: a constraint over the scenario axis made
     covertable's strength-3 array take minutes)."""
-    values = axis_values(world_size, unsupported)
+    values = _uncheckpointed(axis_values(world_size, unsupported))
     if profile != "ci":
         values["composition"] = [c for c in values["composition"] if not COMPOSITIONS[c].replicated]
         values["model"] = [m for m in values["model"] if m not in TRAINS_ONLY]
@@ -122,7 +148,7 @@ def replicated_values(world_size: int, unsupported: Collection[str] = ()) -> dic
     """The values that apply to DDP's compositions (those the Thunder under test offers):
     every axis's but FSDP's sharding, which its cells carry at its default, and the inits DDP
     can express (the models that train only aside). Empty compositions where it offers none."""
-    values = axis_values(world_size, unsupported)
+    values = _uncheckpointed(axis_values(world_size, unsupported))
     values["composition"] = [c for c in values["composition"] if COMPOSITIONS[c].replicated]
     values["model"] = [m for m in values["model"] if m not in TRAINS_ONLY]
     values["sharding"] = ["zero2"]
@@ -149,7 +175,7 @@ def torch_parallel_values(world_size: int, unsupported: Collection[str] = ()) ->
     the inits they can express, no offloading, FSDP2's reshard_after_forward as the sharding axis (DDP's cells
     at its default), both dtypes and ties, and FSDP2's mixed precision, the scenarios they run; Thunder's
     default executors. Empty compositions where none is offered."""
-    values = axis_values(world_size, unsupported)
+    values = _uncheckpointed(axis_values(world_size, unsupported))
     values["composition"] = [
         c for c in COMPOSITIONS if c not in unsupported and COMPOSITIONS[c].parallelism == "torch"
     ]
@@ -163,6 +189,16 @@ def torch_parallel_values(world_size: int, unsupported: Collection[str] = ()) ->
     if any(_fsdp2(c) for c in values["composition"]):
         values["dtype"] = [*values["dtype"], *MIXED]
     values["executors"] = [EXECUTORS_DEFAULT]
+    return values
+
+
+def checkpointing_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
+    """The values of the checkpointed cells: every block checkpointed, on the models with
+    blocks, under Thunder's own transforms (FSDP's and DDP's), offloading nothing (``valid``);
+    every other axis as the session's array has it."""
+    values = axis_values(world_size, unsupported)
+    values["model"] = [m for m in values["model"] if has_blocks(m)]
+    values.update(checkpointing=[c for c in CHECKPOINTINGS if c != DEFAULT_CHECKPOINTING], offload=["none"])
     return values
 
 

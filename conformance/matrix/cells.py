@@ -17,15 +17,21 @@ AXES = (
     "bucketing",
     "dtype",
     "executors",
+    "checkpointing",
     "scenario",
     "world_size",
 )
 DEFAULT_EXECUTORS = "default"
 DEFAULT_SCENARIO = "train"
+DEFAULT_CHECKPOINTING = "none"
 # Axes added after ids were first compared across runs: at their default value they are left
 # out of the id and of ``Cell.axes()``, so every cell that existed before them keeps its id
 # (baselines and history compare by id).
-QUIET_DEFAULTS = {"executors": DEFAULT_EXECUTORS, "scenario": DEFAULT_SCENARIO}
+QUIET_DEFAULTS = {
+    "executors": DEFAULT_EXECUTORS,
+    "checkpointing": DEFAULT_CHECKPOINTING,
+    "scenario": DEFAULT_SCENARIO,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +45,7 @@ class Cell:
     bucketing: str = "none"
     dtype: str = "float32"
     executors: str = DEFAULT_EXECUTORS
+    checkpointing: str = DEFAULT_CHECKPOINTING  # fixtures/checkpointing.py
     scenario: str = DEFAULT_SCENARIO
     world_size: int = 2
     spec: str | None = None  # JSON structure of a generated model (fixtures/strategies.py)

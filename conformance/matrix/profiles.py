@@ -26,6 +26,7 @@ from conformance.matrix.axes import (
     TRAINS_ONLY,
     axis_values,
     by_replication,
+    checkpointing_values,
     pairwise_values,
     replicated_values,
     torch_parallel_values,
@@ -100,6 +101,23 @@ def _root_wrap_ci(world_size: int, unsupported: Collection[str]) -> Iterator[Cel
             yield Cell("litgpt_llama", "real", name, sharding="zero2", dtype="mixed_bfloat16", world_size=world_size)
 
 
+# Checkpointing in ci: every block of a litgpt model checkpointed under FSDP's ZERO2 (its
+# gathered parameters saved beside the blocks' inputs), FSDP's ZERO3 in bfloat16 on the meta
+# device, and DDP with the weights tied. Nightly and full carry an array of its own
+# (``checkpointing_values``).
+CHECKPOINTING_CI = (
+    Cell("litgpt_llama", "real", "fsdp_jit", checkpointing="blocks"),
+    Cell("litgpt_neox", "meta_module_init", "jit_fsdp", sharding="zero3", dtype="bfloat16", checkpointing="blocks"),
+    Cell("litgpt_llama", "real_broadcast_first", "jit_ddp", tie="tied", checkpointing="blocks"),
+)
+
+
+def _checkpointing_ci(world_size: int, unsupported: Collection[str]) -> Iterator[Cell]:
+    for cell in CHECKPOINTING_CI:
+        if cell.composition not in unsupported:
+            yield dataclasses.replace(cell, world_size=world_size)
+
+
 def _stand_in(
     axis: str, value: str, world_size: int, unsupported: Collection[str], composition: str | None = None
 ) -> Cell:
@@ -166,7 +184,12 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
         blocks_wrap = [c for c in torch_parallel["composition"] if COMPOSITIONS[c].fsdp2_wrap != ROOT_WRAP]
         torch_cells = list(grown({**torch_parallel, "composition": blocks_wrap}, contract=False)) if blocks_wrap else []
         torch_cells += _root_wrap_ci(world_size, unsupported)
-        selected = [*grown(runs, contract, refused), *(c for c in picked if c is not None), *torch_cells]
+        selected = [
+            *grown(runs, contract, refused),
+            *(c for c in picked if c is not None),
+            *torch_cells,
+            *_checkpointing_ci(world_size, unsupported),
+        ]
     elif profile == "nightly":
         # every triple at the session's size; the boundary sizes get what full gives them
         # (a pairwise array each), which covers everything BOUNDARY_CI was picked for
@@ -180,6 +203,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *(covering(trains_only(ddp), refused=refused) if TRAINS_ONLY and ddp["composition"] else ()),
             # PyTorch's parallelism: every triple of its values, as Thunder's own transforms
             *(c for values in by_replication(torch_parallel) for c in covering(values, strength=3)),
+            *grown(checkpointing_values(world_size, unsupported), contract=False, refused=refused),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]
@@ -190,6 +214,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *(full(trains_only(runs), refused) if TRAINS_ONLY else ()),
             *(full(trains_only(ddp), refused) if TRAINS_ONLY else ()),
             *(full(torch_parallel) if torch_parallel["composition"] else ()),
+            *full(checkpointing_values(world_size, unsupported), refused),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]

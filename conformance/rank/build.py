@@ -28,6 +28,7 @@ from conformance.rank.module_init import module_inits
 from conformance.rank.process_group import counted_group
 from fixtures import inits, patterns
 from fixtures import torch_parallel as tp
+from fixtures.checkpointing import checkpointed
 from fixtures.compositions import COMPOSITIONS, Composition, Setup
 from fixtures.executors import EXECUTORS, ExecutorChoice
 from fixtures.models import ModelFixture, fixture_for
@@ -64,8 +65,8 @@ class Recipe:
 
     @property
     def make(self) -> Callable[[], nn.Module]:
-        """The model's constructor, tied or not as the cell says."""
-        return functools.partial(self.fixture.build, self.cell.tie == "tied")
+        """The model's constructor, tied and checkpointed as the cell says."""
+        return functools.partial(_built, self.fixture.build, self.cell.tie == "tied", self.cell.checkpointing)
 
     @property
     def source(self) -> int:
@@ -75,6 +76,10 @@ class Recipe:
     def drawn_by_thunder(self) -> set[str] | None:
         """The tensors Thunder draws at setup (None: every one; ``inits.drawn_by_thunder``)."""
         return inits.drawn_by_thunder(self.init, self.make, self.fixture.fresh)
+
+
+def _built(build: Callable[[bool], nn.Module], tied: bool, checkpointing: str) -> nn.Module:
+    return checkpointed(build(tied), checkpointing)
 
 
 def recipe(cell: Cell, device: torch.device) -> Recipe:

@@ -26,6 +26,8 @@ MODULE_INIT: Pred = lambda cell: cell.init == "meta_module_init" and not expects
 PARTLY_META: Pred = lambda cell: INITS[cell.init].partly_meta  # noqa: E731
 
 OFFLOADING: Pred = lambda cell: cell.offload != "none"  # noqa: E731
+# every block through torch.utils.checkpoint (fixtures/checkpointing.py)
+CHECKPOINTED: Pred = lambda cell: cell.checkpointing != "none"  # noqa: E731
 BF16: Pred = lambda cell: cell.dtype == "bfloat16"  # noqa: E731
 ZERO3_REAL: Pred = lambda cell: cell.sharding == "zero3" and REAL(cell)  # noqa: E731
 BUCKETED: Pred = lambda cell: cell.bucketing != "none"  # noqa: E731

@@ -262,7 +262,7 @@ def test_ddp_takes_rows_of_cis_array_and_has_nightly_arrays_of_its_own() -> None
         if COMPOSITIONS[c.composition].replicated and COMPOSITIONS[c.composition].parallelism == "thunder"
     ]
     met = {frozenset(p) for c in nightly for p in itertools.combinations([(a, getattr(c, a)) for a in AXES], 2)}
-    for a, b in itertools.combinations(AXES, 2):
+    for a, b in itertools.combinations([a for a in AXES if a in values], 2):  # checkpointing: an array of its own
         for x in values[a]:
             for y in values[b]:
                 refused = {a: x, b: y}.keys() == {"composition", "executors"} and pairing(

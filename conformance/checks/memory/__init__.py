@@ -36,7 +36,8 @@ Bounded:
 - forward (the measured step: SGD, no optimizer state): the unsharded parameters (gathered
   and, under ZERO2, saved for the backward) plus ACTIVATION_FACTOR x eager's forward peak on
   the same input (the float32 twin's below float32: Thunder computes low-precision chains in
-  float32, and eager's own peak in the cell's dtype beside, the tensors they were cast from) plus what the offloading transform copied on the same device, plus on gloo the
+  float32, and eager's own peak in the cell's dtype beside, the tensors they were cast from)
+  plus what the offloading transform copied on the same device, plus on gloo the
   two largest gathered buckets (each of its two worker threads releases a finished
   all-gather's buffers late);
 - backward: the forward's bound plus eager's backward peak (its full gradients included).
@@ -193,6 +194,33 @@ def _held_after_forward(run: CellRecord, model: Terms, forward: Any, found: Find
         run, forward, model.unsharded, found, "memory.zero3_gathered_saved", "memory held after forward under ZERO3"
     )
     saved_against_plain_jit(run, forward, estimate, found)
+    checkpointed_saves_inputs(run, forward, found)
+
+
+def checkpointed_saves_inputs(run: CellRecord, forward: Any, found: Findings) -> None:
+    """Under activation checkpointing a block saves only its inputs for the backward and
+    recomputes the rest there (fixtures/checkpointing.py): what the forward leaves alive
+    beside the gathered parameters it saves (its output and its activations) is bounded by
+    what eager's checkpointed model leaves alive after the same forward, ACTIVATION_FACTOR
+    times (Thunder's decompositions may save other tensors than eager's outside the blocks;
+    the float32 twin's below float32, as the peaks'). Never read from Thunder's recompute tags:
+    a Thunder that lost them saves every block's activations, and this row is what sees it."""
+    if run.cell.checkpointing == "none":
+        return
+    eager = run.memory.eager_peaks
+    eager_alive = eager.get("float32 alive after forward", eager.get("alive after forward"))
+    gathered = estimated_returned(forward, run.device, gathered_only=True)
+    activations = run.memory.alive_after_forward - gathered
+    bound = ACTIVATION_FACTOR * eager_alive
+    what = "saved for the backward under checkpointing"
+    found.metrics[what] = {"measured": activations, "eager": eager_alive, "bound": bound, "gathered": gathered}
+    with found.expect("memory.checkpointed_saved", what, {"bound_from_eager": bound}, saved=activations):
+        assert activations <= bound, (
+            f"after the forward {activations} bytes of output and activations are alive beside {gathered} bytes of "
+            f"gathered parameters; eager's checkpointed model keeps {eager_alive} (its blocks' inputs and what it "
+            f"saves outside them), and {ACTIVATION_FACTOR} x that is the bound: the blocks' activations were saved, "
+            "not recomputed"
+        )
 
 
 def zero3_saves_no_gathered(

@@ -124,8 +124,9 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
             root[out.name] = owners[out.name] = owner
             names[owner] = names.get(owner, 0) + 1
             last[owner] = i
-        if live > peak:
-            peak, at_peak = live, set(alive)
+        moment = live + _folding_copies(bsym, root, device, here)
+        if moment > peak:
+            peak, at_peak = moment, set(alive)
     for owner, count in names.items():  # never dropped, never returned: freed at the return
         if count and owner not in returned:
             freed.setdefault(owner, len(trace.bound_symbols))
@@ -137,6 +138,26 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
         if nbytes[o] and bisect.bisect_right(births, last[o]) < bisect.bisect_left(births, freed[o])
     ]
     return Walk(peak, live, sorted(at_peak), allocated, owners, largest_gathered, prompt, late)
+
+
+# aten's matmul folds a batched operand's leading dims into one with ``reshape``, which copies
+# an operand whose strides do not fold (q and k split out of one qkv projection, then
+# transposed): the copies live while the product is computed. A trace's proxies carry no
+# strides, so each batched operand that views another tensor's storage may have been copied:
+# at that bound symbol the plan allows its bytes (measured: litgpt_llama's recomputed q @ k^T,
+# two 1536 B copies, the checkpointed backward's peak, 2026-11-30)
+_FOLDING = {"matmul"}
+
+
+def _folding_copies(bsym: Any, root: dict[str, str], device: torch.device, here: str) -> int:
+    """The bytes of the batched operands of a matmul that view another name's storage."""
+    if bsym.sym.name not in _FOLDING:
+        return 0
+    return sum(
+        _counted(a, device, here)
+        for a in tensor_proxies(bsym.flat_proxy_args)
+        if len(a.shape) >= 3 and root.get(a.name, a.name) != a.name
+    )
 
 
 def _shape(storage: Storage | None) -> str:
