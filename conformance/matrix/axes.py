@@ -44,11 +44,9 @@ def valid(row: dict[str, Any]) -> bool:
     replicated = "composition" in row and COMPOSITIONS[row["composition"]].replicated
     if replicated and row.get("sharding", "zero2") != "zero2":
         return False
-    # checkpointing applies to models with blocks, under Thunder's own transforms, offloading nothing
+    # checkpointing applies to models with blocks, offloading nothing
     if row.get("checkpointing", DEFAULT_CHECKPOINTING) != DEFAULT_CHECKPOINTING:
         if "model" in row and not has_blocks(row["model"]):
-            return False
-        if "composition" in row and COMPOSITIONS[row["composition"]].parallelism != "thunder":
             return False
         if row.get("offload", "none") != "none":
             return False
@@ -194,8 +192,8 @@ def torch_parallel_values(world_size: int, unsupported: Collection[str] = ()) ->
 
 def checkpointing_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
     """The values of the checkpointed cells: every block checkpointed, on the models with
-    blocks, under Thunder's own transforms (FSDP's and DDP's), offloading nothing (``valid``);
-    every other axis as the session's array has it."""
+    blocks, under Thunder's own transforms (FSDP's and DDP's: ``axis_values``' compositions),
+    offloading nothing (``valid``); every other axis as the session's array has it."""
     values = axis_values(world_size, unsupported)
     values["model"] = [m for m in values["model"] if has_blocks(m)]
     values.update(checkpointing=[c for c in CHECKPOINTINGS if c != DEFAULT_CHECKPOINTING], offload=["none"])

@@ -103,12 +103,14 @@ def _root_wrap_ci(world_size: int, unsupported: Collection[str]) -> Iterator[Cel
 
 # Checkpointing in ci: every block of a litgpt model checkpointed under FSDP's ZERO2 (its
 # gathered parameters saved beside the blocks' inputs), FSDP's ZERO3 in bfloat16 on the meta
-# device, and DDP with the weights tied. Nightly and full carry an array of its own
+# device, DDP with the weights tied, and ThunderFX over FSDP2 (dynamo hands Thunder the
+# checkpointed regions). Nightly and full carry an array of its own over Thunder's transforms
 # (``checkpointing_values``).
 CHECKPOINTING_CI = (
     Cell("litgpt_llama", "real", "fsdp_jit", checkpointing="blocks"),
     Cell("litgpt_neox", "meta_module_init", "jit_fsdp", sharding="zero3", dtype="bfloat16", checkpointing="blocks"),
     Cell("litgpt_llama", "real_broadcast_first", "jit_ddp", tie="tied", checkpointing="blocks"),
+    Cell("litgpt_llama", "real", "thunderfx_fsdp2", checkpointing="blocks"),
 )
 
 
