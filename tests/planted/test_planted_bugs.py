@@ -63,8 +63,8 @@ def _selection(bug: PlantedBug) -> list[str]:
     if not offers:
         raise AssertionError(f"no profile holds a cell of each kind {bug.name} is tried on")
     # ci wherever it holds every kind: its cells are the ones CI's own run just ran clean, where
-    # a nightly cell may fail on the pin for reasons of its own (root_owned's bfloat16 ZERO3
-    # forward peak, 60 B over its bound: docs/measurements.md, session 42)
+    # a nightly cell may fail on the pin for reasons of its own (as root_owned's bfloat16 ZERO3
+    # forward peak did, 60 B over its bound, until the bound took e_f: docs/measurements.md)
     profile = "ci" if "ci" in offers else "nightly"
     return ["--profile", profile, "-k", " or ".join(c.id for c in offers[profile])]
 
