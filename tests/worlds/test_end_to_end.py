@@ -212,10 +212,12 @@ def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
             if not planned:
                 continue
             for phase in ("forward", "backward"):
-                # the walk of the plan is exact: a runtime under it would show the kit's model wrong
+                # the walk of the plan is exact but for the copies a batched matmul may make of its
+                # operands, allowed at its peak: a runtime under it by more shows the kit's model wrong
                 along = metrics[f"{phase} peak along the plan"]
                 over = along["measured"] - along["plan"]
-                assert over == 0 or 0 < over <= along["gloo's late release"], (cell["id"], phase, along)
+                allowed = along.get("matmul copies allowed", 0)
+                assert -allowed <= over <= along["gloo's late release"], (cell["id"], phase, along)
     assert set(offloading) == set(POLICIES) - {"none"} and all(offloading.values()), offloading
 
 

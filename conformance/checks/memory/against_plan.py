@@ -66,6 +66,7 @@ def along_the_plan(run: CellRecord, traces: dict[str, Any], found: Findings) -> 
             "measured": rise,
             "plan": plan,
             "gloo's late release": late,
+            "matmul copies allowed": along.folding_at_peak,
             "freed at last use": along.prompt_peak,
             "at the plan's peak": along.at_peak,
         }

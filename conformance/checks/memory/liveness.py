@@ -49,6 +49,9 @@ class Walk:
     # storages kept across an allocation after their last use: a plan that frees late, which
     # raises a peak wherever that allocation is the peak (on a real model, if not on the cell's)
     late: list[str]
+    # of ``peak``, the copies a batched matmul may make of its operands (``_folding_copies``):
+    # an upper bound, so the runtime's peak may be under the plan's by up to this much
+    folding_at_peak: int = 0
 
 
 def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) -> Walk:
@@ -68,7 +71,7 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
     allocated: dict[str, Storage] = {}
     returned: set[str] = set()
     owners: dict[str, str] = {}
-    live = peak = 0
+    live = peak = folding_at_peak = 0
     alive: set[str] = set()  # owners counted and alive now
     at_peak: set[str] = set()
     last: dict[str, int] = {}  # owner -> index of the last bound symbol that reads or writes it
@@ -124,9 +127,9 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
             root[out.name] = owners[out.name] = owner
             names[owner] = names.get(owner, 0) + 1
             last[owner] = i
-        moment = live + _folding_copies(bsym, root, device, here)
-        if moment > peak:
-            peak, at_peak = moment, set(alive)
+        folding = _folding_copies(bsym, root, device, here)
+        if live + folding > peak:
+            peak, at_peak, folding_at_peak = live + folding, set(alive), folding
     for owner, count in names.items():  # never dropped, never returned: freed at the return
         if count and owner not in returned:
             freed.setdefault(owner, len(trace.bound_symbols))
@@ -137,7 +140,7 @@ def walk(trace: Any, device: torch.device, handed: Handed = lambda proxy: None) 
         for o in sorted(freed, key=freed.get)
         if nbytes[o] and bisect.bisect_right(births, last[o]) < bisect.bisect_left(births, freed[o])
     ]
-    return Walk(peak, live, sorted(at_peak), allocated, owners, largest_gathered, prompt, late)
+    return Walk(peak, live, sorted(at_peak), allocated, owners, largest_gathered, prompt, late, folding_at_peak)
 
 
 # aten's matmul folds a batched operand's leading dims into one with ``reshape``, which copies
