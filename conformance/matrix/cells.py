@@ -6,6 +6,8 @@ import dataclasses
 import hashlib
 from typing import Any
 
+from fixtures import checkpointing
+
 # Axis order is the order of the id's parts.
 AXES = (
     "model",
@@ -23,7 +25,7 @@ AXES = (
 )
 DEFAULT_EXECUTORS = "default"
 DEFAULT_SCENARIO = "train"
-DEFAULT_CHECKPOINTING = "none"
+DEFAULT_CHECKPOINTING = checkpointing.NONE
 # Axes added after ids were first compared across runs: at their default value they are left
 # out of the id and of ``Cell.axes()``, so every cell that existed before them keeps its id
 # (baselines and history compare by id).

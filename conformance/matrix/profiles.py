@@ -116,8 +116,8 @@ CHECKPOINTING_CI = (
 
 def _checkpointing_ci(world_size: int, unsupported: Collection[str]) -> Iterator[Cell]:
     for cell in CHECKPOINTING_CI:
-        if cell.composition not in unsupported:
-            yield dataclasses.replace(cell, world_size=world_size)
+        if (runnable := _runnable(dataclasses.replace(cell, world_size=world_size), unsupported)) is not None:
+            yield runnable
 
 
 def _stand_in(

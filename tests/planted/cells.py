@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from conformance.matrix.cells import Cell
+from conformance.matrix.cells import DEFAULT_CHECKPOINTING, Cell
 from conformance.matrix.features import features
 from conformance.matrix.initialization import expects_reset_error
 from fixtures.compositions import COMPOSITIONS
@@ -27,7 +27,7 @@ PARTLY_META: Pred = lambda cell: INITS[cell.init].partly_meta  # noqa: E731
 
 OFFLOADING: Pred = lambda cell: cell.offload != "none"  # noqa: E731
 # every block through torch.utils.checkpoint (fixtures/checkpointing.py)
-CHECKPOINTED: Pred = lambda cell: cell.checkpointing != "none"  # noqa: E731
+CHECKPOINTED: Pred = lambda cell: cell.checkpointing != DEFAULT_CHECKPOINTING  # noqa: E731
 BF16: Pred = lambda cell: cell.dtype == "bfloat16"  # noqa: E731
 ZERO3_REAL: Pred = lambda cell: cell.sharding == "zero3" and REAL(cell)  # noqa: E731
 BUCKETED: Pred = lambda cell: cell.bucketing != "none"  # noqa: E731

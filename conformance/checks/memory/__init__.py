@@ -79,6 +79,7 @@ from conformance.checks.memory.margins import ESTIMATE_FACTOR, held_slack
 from conformance.checks.memory.torch_parallel import held_after_forward, peak_bounds
 from conformance.checks.record import MEASURED_STEP, CellRecord, SimulatedRecord
 from conformance.checks.storages import allocations
+from conformance.matrix.cells import DEFAULT_CHECKPOINTING
 
 # Thunder's forward on the torch executor runs decomposed, unfused: beside each intermediate
 # eager keeps, at most one more of the same size is alive, so twice eager's forward peak
@@ -205,10 +206,10 @@ def checkpointed_saves_inputs(run: CellRecord, forward: Any, found: Findings) ->
     times (Thunder's decompositions may save other tensors than eager's outside the blocks;
     the float32 twin's below float32, as the peaks'). Never read from Thunder's recompute tags:
     a Thunder that lost them saves every block's activations, and this row is what sees it."""
-    if run.cell.checkpointing == "none":
+    if run.cell.checkpointing == DEFAULT_CHECKPOINTING:
         return
     eager = run.memory.eager_peaks
-    eager_alive = eager.get("float32 alive after forward", eager.get("alive after forward"))
+    eager_alive = eager.get("float32 alive after forward", eager["alive after forward"])
     gathered = estimated_returned(forward, run.device, gathered_only=True)
     activations = run.memory.alive_after_forward - gathered
     bound = ACTIVATION_FACTOR * eager_alive
