@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from conformance.checks.findings import Failure, Findings
-from conformance.checks.record import CellRecord, SimulatedRecord
+from conformance.checks.record import CellRecord, SimulatedRecord, TensorParallelRecord
 from conformance.matrix.cells import Cell
 
 
@@ -48,6 +48,9 @@ class Area:
     parallelisms: frozenset[str] = frozenset({"thunder"})
     # its check of one sampled rank of a simulated world (None: the area needs data to move)
     simulated: Callable[[SimulatedRecord], Findings] | None = None
+    # its check of a tensor-parallel cell's record (parallelism "tensor": every rank on the same
+    # batch, the model split by a plan; None: the area does not judge that family)
+    tensor_parallel: Callable[[TensorParallelRecord], Findings] | None = None
     # how it judges a negative cell, given what setup raised (None: setup succeeded); an
     # area without it does not apply to negative cells, which never get a model to train
     refusal: Callable[[Cell, BaseException | None], Findings] | None = None

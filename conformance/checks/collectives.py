@@ -2,6 +2,8 @@
 counted through bound symbols, against what the model's structure implies. Under PyTorch's
 parallelism, where FSDP2 or DDP own the collectives, what each step issued at the process
 group, against FSDP2's arithmetic (checks/fsdp2.py) or DDP's buckets (checks/torch_ddp.py).
+Under tensor parallelism, what each step issued at the process group, against Megatron's
+arithmetic over the plan's Linears as eager's whole model called them (checks/megatron.py).
 
 Expectations come from the eager model: one all-gather per bucket in the forward,
 one reduce-scatter per bucket of trainable storages in the backward, a re-gather of every
@@ -29,11 +31,11 @@ from typing import Any
 
 import torch
 
-from conformance.checks import fsdp2, torch_ddp
+from conformance.checks import fsdp2, megatron, torch_ddp
 from conformance.checks.area import Across, Area
 from conformance.checks.buckets import buckets, ddp_buckets
 from conformance.checks.findings import Failure, Findings
-from conformance.checks.record import CellRecord, Issued, SimulatedRecord
+from conformance.checks.record import CellRecord, Issued, SimulatedRecord, TensorParallelRecord
 from conformance.checks.reductions import REDUCING, bytes_derived, judge_backward
 from conformance.checks.storages import distinct_storages, padded_bytes
 from conformance.checks.traces import KINDS, MISSING, collective_symbols, issued
@@ -206,6 +208,25 @@ def check_process_group(run: CellRecord) -> Findings:
         for phase in fsdp2.PHASES:
             label = f"{record.scenario} {phase}"
             _judge_tally(found, label, _tally(record.issued, phase), wanted.get(phase, {}), cell.world_size)
+    return found
+
+
+def check_tensor_parallel(run: TensorParallelRecord) -> Findings:
+    """What each step of a tensor-parallel cell issued at the process group, against
+    Megatron's arithmetic (checks/megatron.py): every step owes the same, so steps that issued
+    alike are judged once (``forward``), others each under their own label."""
+    found = Findings()
+    in_order = [f"{i.phase} {i.kind} {i.dtype} {i.nbytes} B" for s in run.steps for i in s.issued]
+    found.metrics[SEQUENCE] = in_order
+    found.metrics[f"{SEQUENCE} digest"] = hashlib.sha1("\n".join(in_order).encode()).hexdigest()[:16]
+    want = megatron.expected(run.layers, run.trained)
+    for phase in megatron.PHASES if run.trained else ("forward",):
+        groups: dict[tuple, list[int]] = {}
+        for k, step in enumerate(run.steps):
+            groups.setdefault(tuple(sorted(_tally(step.issued, phase).items())), []).append(k)
+        for tally, steps in groups.items():
+            label = phase if len(groups) == 1 else f"{phase} of steps {', '.join(map(str, steps))}"
+            _judge_tally(found, label, dict(tally), want.get(phase, {}), run.world_size)
     return found
 
 
@@ -420,6 +441,7 @@ AREA = Area(
     check,
     parallelisms=frozenset({"thunder", "torch"}),
     simulated=check,
+    tensor_parallel=check_tensor_parallel,
     across_ranks=sequences_differ,
     per_rank_omits=frozenset({SEQUENCE}),
 )

@@ -26,6 +26,8 @@ DERIVED: dict[str, str] = {
     "expected_and_twice_unsharded": "the bytes the model implies + 2 x unsharded (parameters, gradients kept beside)",
     "expected_and_activations": "the bytes the model implies + twice eager's forward peak (a forward's activations)",
     "bound_from_eager": "under checkpointing, twice what eager's checkpointed model keeps alive after its forward",
+    # compiled (checks/compiled.py): under tensor parallelism
+    "planned": "the calls of the Linears the plan parallelizes in one forward of eager's whole model",
     # numerics (checks/numerics/tolerances.py, propagation.py), as the message prints them (3 digits)
     "twin_size": "the 2-norm of the float32 twin's tensor (or update)",
     "eager_distance": "eager's distance from the float32 twin",

@@ -329,6 +329,77 @@ class SimulatedRecord:
         return torch.device("cpu")
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerCall:
+    """One call of a Linear that a tensor-parallel plan parallelizes, as eager's whole model
+    made it (forward hooks: never the model under test)."""
+
+    input_shape: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    input_requires_grad: bool  # its input's gradient is computed (not a model input)
+    itemsize: int  # bytes per element of its output
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedLayer:
+    """A Linear the plan parallelizes: its name, style (fixtures/tensor_parallel.py) and the
+    calls one forward of eager's whole model made of it."""
+
+    name: str
+    style: str
+    calls: list[LayerCall]
+
+
+@dataclasses.dataclass(frozen=True)
+class Placed:
+    """How the model under test holds one parameter on this rank: a DTensor's placements (as
+    torch prints them: ``Shard(dim=0)``, ``Replicate()``) and its mesh's size, or None for
+    both where it is a plain tensor; the shape this rank holds."""
+
+    placements: tuple[str, ...] | None
+    mesh_size: int | None
+    local_shape: tuple[int, ...]
+
+
+@dataclasses.dataclass
+class TensorParallelStep:
+    """One step of a tensor-parallel cell: the whole output every rank holds and, where it
+    trained, the full gradients and parameters after the step; eager's whole model's and eager
+    tensor parallelism's (the same plan without Thunder) of the same step beside them."""
+
+    output: torch.Tensor
+    eager: torch.Tensor
+    eager_tp: torch.Tensor
+    grads: Tensors | None = None
+    eager_grads: Tensors | None = None
+    eager_tp_grads: Tensors | None = None
+    after: Tensors | None = None
+    eager_after: Tensors | None = None
+    eager_tp_after: Tensors | None = None
+    issued: list[Issued] = dataclasses.field(default_factory=list)  # by the model under test, by phase
+
+
+@dataclasses.dataclass
+class TensorParallelRecord:
+    """A cell of tensor parallelism on one rank (conformance/rank/tensor_parallel.py): every
+    rank ran the same whole batch."""
+
+    cell: Cell
+    rank: int
+    world_size: int
+    shapes: dict[str, tuple[int, ...]]  # every parameter's full shape, as eager's whole model has it
+    layers: list[PlannedLayer]  # what the plan parallelizes, as eager's forward called it
+    placements: dict[str, Placed]  # every parameter of the model under test, by eager's name
+    steps: list[TensorParallelStep]  # inference: one, nothing trained
+    reached: ReachedThunder | None
+    timings: dict[str, float]
+    declared: frozenset[str] = frozenset()  # what the xfails file declares of this cell (checks/declared.py)
+
+    @property
+    def trained(self) -> bool:
+        return self.cell.scenario != "inference"
+
+
 @dataclasses.dataclass
 class ReachedThunder:
     """What Thunder compiled of a model composed with PyTorch's parallelism
@@ -340,6 +411,9 @@ class ReachedThunder:
     eager_graphs: int  # graphs Dynamo captured that ThunderFX handed to eager whole (none of it supported)
     splits: list[str]  # each split of a captured graph, "REASON_TYPE: what caused it"
     graph_breaks: dict[str, int]  # Dynamo's graph breaks while the cell ran, by reason
+    # ThunderFX's pieces of the captured graphs, by who compiled them ("THUNDER",
+    # "TORCH_INDUCTOR"): op name -> the calls of it those pieces hold (call_function nodes)
+    ops_by_compiler: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

@@ -38,13 +38,16 @@ AREAS: dict[str, Area] = {
 def applies(cell: Cell, name: str) -> bool:
     """Whether area ``name`` judges ``cell``: a negative cell never gets a model to train, so
     only the areas that judge a refusal apply to it; a simulated world moves no data, so only
-    the areas that judge what a rank holds and traces by itself; an area judges the
-    compositions of the parallelisms it names."""
+    the areas that judge what a rank holds and traces by itself; a tensor-parallel cell only
+    the areas with a judgment of that family; an area judges the compositions of the
+    parallelisms it names."""
     area = AREAS[name]
     if cell.simulated:
         return area.simulated is not None
     if expects_reset_error(cell):
         return area.refusal is not None
+    if COMPOSITIONS[cell.composition].parallelism == "tensor":
+        return area.tensor_parallel is not None
     if COMPOSITIONS[cell.composition].parallelism not in area.parallelisms:
         return False
     return area.check is not None and area.applies(cell)

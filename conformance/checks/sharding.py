@@ -9,15 +9,23 @@ The model's weights are in the row pattern (fixtures/patterns.py), so a shard's 
 which rows it holds: a wrong offset, a shard cut from the unpadded tensor, a padding rounded
 the wrong way all show as rows that are not the expected ones. Padding rows are not read
 (Thunder leaves them uninitialized).
+
+Under tensor parallelism (a real world), what every rank holds of every parameter: the DTensor
+placements the plan implies on a mesh of every rank, and the shape each rank holds, derived
+from the plan, eager's shapes and the world size (checks/megatron.py); a parameter the plan
+leaves alone stays a plain, whole tensor.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from conformance.checks import megatron
 from conformance.checks.area import Area
 from conformance.checks.findings import Findings
-from conformance.checks.record import SimulatedRecord
+from conformance.checks.record import SimulatedRecord, TensorParallelRecord
 from conformance.checks.storages import distinct_storages, shard_bytes
 from fixtures import patterns
 
@@ -72,4 +80,29 @@ def check(run: SimulatedRecord) -> Findings:
     return found
 
 
-AREA = Area("sharding", check=None, simulated=check)
+def check_tensor_parallel(run: TensorParallelRecord) -> Findings:
+    found = Findings()
+    world, rank = run.world_size, run.rank
+    wanted = megatron.placements(run.layers, list(run.shapes))
+    for name, shape in run.shapes.items():
+        placed, want = run.placements.get(name), wanted[name]
+        with found.expect("sharding.placement", f"placement [{name}]", name=name):
+            assert placed is not None, "the model under test has no such parameter"
+            what = "a plain tensor" if want is None else f"a DTensor {', '.join(want)} over {world} ranks"
+            got = "a plain tensor" if placed.placements is None else f"a DTensor {', '.join(placed.placements)}"
+            if placed.mesh_size is not None:
+                got += f" over {placed.mesh_size} ranks"
+            assert (placed.placements, placed.mesh_size) == (want, None if want is None else world), (
+                f"{got}, expected {what}"
+            )
+            local = megatron.local_shape(shape, want, rank, world)
+            assert placed.local_shape == local, (
+                f"rank {rank} holds shape {placed.local_shape}, expected {local} (of {shape}, {what})"
+            )
+    held = sum(math.prod(p.local_shape) for p in run.placements.values())
+    want_held = sum(math.prod(megatron.local_shape(s, wanted[n], rank, world)) for n, s in run.shapes.items())
+    found.equal("sharding.elements", "elements held", held, want_held)
+    return found
+
+
+AREA = Area("sharding", check=None, simulated=check, tensor_parallel=check_tensor_parallel)

@@ -20,7 +20,7 @@ from fixtures.executors import EXECUTORS
 from fixtures.inits import INITS, fresh_part
 from fixtures.models import MODELS, fixture_for
 from fixtures.offloads import POLICIES
-from fixtures.options import BUCKETINGS, DTYPES, MIXED, SCENARIOS, SHARDINGS, TIES
+from fixtures.options import BUCKETINGS, DTYPES, INFERENCE, MIXED, SCENARIOS, SHARDINGS, TIES
 
 
 def valid(row: dict[str, Any]) -> bool:
@@ -50,6 +50,8 @@ def valid(row: dict[str, Any]) -> bool:
             return False
         if row.get("offload", "none") != "none":
             return False
+    if not _tensor_parallel_valid(row):
+        return False
     # mixed precision is FSDP2's policy
     return not (row.get("dtype") in MIXED and "composition" in row and not _fsdp2(row["composition"]))
 
@@ -73,6 +75,52 @@ def has_blocks(model: str) -> bool:
 
     with torch.device("meta"):
         return bool(numbered_blocks(MODELS[model].build(False)))
+
+
+# tensor parallelism's scenarios: inference alone, and training
+TENSOR_PARALLEL_SCENARIOS = (INFERENCE, "train")
+# the values tensor parallelism's cells hold at their defaults: FSDP's sharding and bucketing,
+# offloading and checkpointing do not apply to it; Thunder's default executors; float32 (below
+# it numerics' tolerance comes from a float32 twin that training in lockstep keeps, not yet
+# built for this family)
+_TENSOR_PARALLEL_DEFAULTS = {
+    "offload": "none",
+    "sharding": "zero2",
+    "bucketing": "none",
+    "dtype": "float32",
+    "executors": EXECUTORS_DEFAULT,
+    "checkpointing": DEFAULT_CHECKPOINTING,
+}
+
+
+def _tensor_parallel_valid(row: dict[str, Any]) -> bool:
+    """Tensor parallelism applies to the models whose fixture gives a plan, with its own
+    scenarios and every other axis at its default; its ``inference`` scenario to it alone."""
+    if not ("composition" in row and COMPOSITIONS[row["composition"]].parallelism == "tensor"):
+        return row.get("scenario") != INFERENCE
+    if "model" in row and not (row["model"] in MODELS and MODELS[row["model"]].tp_plan):
+        return False
+    if row.get("scenario", "train") not in TENSOR_PARALLEL_SCENARIOS:
+        return False
+    return all(row.get(axis, value) == value for axis, value in _TENSOR_PARALLEL_DEFAULTS.items())
+
+
+def tensor_parallel_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
+    """The values of tensor parallelism's cells at ``world_size``: its compositions (those
+    offered; none: an empty list), the models with a plan and the ties they offer, the real
+    init, its scenarios; every other axis at its default."""
+    models = [m for m, fixture in MODELS.items() if fixture.tp_plan]
+    return {
+        "model": models,
+        "init": ["real"],
+        "composition": [
+            c for c in COMPOSITIONS if c not in unsupported and COMPOSITIONS[c].parallelism == "tensor"
+        ],
+        "tie": [t for t in TIES if any(t in MODELS[m].ties for m in models)],
+        **{axis: [value] for axis, value in _TENSOR_PARALLEL_DEFAULTS.items()},
+        "scenario": list(TENSOR_PARALLEL_SCENARIOS),
+        "world_size": [world_size],
+    }
 
 
 def _fsdp2(composition: str) -> bool:
@@ -252,6 +300,7 @@ def cell_from_axes(axes: object) -> Cell:
     allowed = axis_values(world_size)
     allowed["model"] = [*allowed["model"], GENERATED]
     allowed["composition"] = list(COMPOSITIONS)  # PyTorch's parallelism's too
+    allowed["scenario"] = [*allowed["scenario"], INFERENCE]  # tensor parallelism's
     for axis, values in allowed.items():
         if axis in axes and axes[axis] not in values:
             raise ValueError(f"{axis} {axes[axis]!r} is not one of {', '.join(map(str, values))}")

@@ -29,6 +29,7 @@ from conformance.matrix.axes import (
     checkpointing_values,
     pairwise_values,
     replicated_values,
+    tensor_parallel_values,
     torch_parallel_values,
     trains_only,
     valid,
@@ -120,6 +121,32 @@ def _checkpointing_ci(world_size: int, unsupported: Collection[str]) -> Iterator
             yield runnable
 
 
+# Tensor parallelism in ci: inference on the small MLP at 2 ranks and unevenly at 3 (20 hidden
+# rows), on both litgpt MLPs (LLaMA's two gates over one input); training at 2 and 3. Nightly
+# and full carry every cell of the family at 2, 3 and 4 ranks.
+TENSOR_PARALLEL_CI = (
+    Cell("mlp", "real", "thunderfx_tp", scenario="inference", world_size=2),
+    Cell("mlp", "real", "thunderfx_tp", scenario="inference", world_size=3),
+    Cell("litgpt_llama", "real", "thunderfx_tp", scenario="inference", world_size=2),
+    Cell("litgpt_neox", "real", "thunderfx_tp", tie="tied", scenario="inference", world_size=3),
+    Cell("mlp", "real", "thunderfx_tp", world_size=2),
+    Cell("litgpt_llama", "real", "thunderfx_tp", world_size=3),
+)
+TENSOR_PARALLEL_WORLD_SIZES = (2, 3, 4)
+
+
+def _tensor_parallel(profile: str, world_size: int, unsupported: Collection[str]) -> Iterator[Cell]:
+    """Tensor parallelism's cells: ci's hand-picked ones, every cell of the family elsewhere
+    (the session's world size and 2, 3, 4); none where no composition of it is offered."""
+    if not tensor_parallel_values(world_size, unsupported)["composition"]:
+        return
+    if profile == "ci":
+        yield from (c for c in TENSOR_PARALLEL_CI if c.composition not in unsupported)
+        return
+    for n in dict.fromkeys((world_size, *TENSOR_PARALLEL_WORLD_SIZES)):
+        yield from full(tensor_parallel_values(n, unsupported))
+
+
 def _stand_in(
     axis: str, value: str, world_size: int, unsupported: Collection[str], composition: str | None = None
 ) -> Cell:
@@ -191,6 +218,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *(c for c in picked if c is not None),
             *torch_cells,
             *_checkpointing_ci(world_size, unsupported),
+            *_tensor_parallel(profile, world_size, unsupported),
         ]
     elif profile == "nightly":
         # every triple at the session's size; the boundary sizes get what full gives them
@@ -206,6 +234,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             # PyTorch's parallelism: every triple of its values, as Thunder's own transforms
             *(c for values in by_replication(torch_parallel) for c in covering(values, strength=3)),
             *grown(checkpointing_values(world_size, unsupported), contract=False, refused=refused),
+            *_tensor_parallel(profile, world_size, unsupported),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]
@@ -217,6 +246,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *(full(trains_only(ddp), refused) if TRAINS_ONLY else ()),
             *(full(torch_parallel) if torch_parallel["composition"] else ()),
             *full(checkpointing_values(world_size, unsupported), refused),
+            *_tensor_parallel(profile, world_size, unsupported),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]

@@ -28,8 +28,10 @@ from conformance.rank.gather import clones, cpu_copies, on_every_rank, rank_devi
 from conformance.rank.plain_jit import plain_plan
 from conformance.rank.scenarios import run_scenario
 from conformance.rank.simulate import run_simulated
+from conformance.rank.tensor_parallel import run_tensor_parallel
 from conformance.rank.train import generator, train
 from fixtures import torch_parallel as tp
+from fixtures.compositions import COMPOSITIONS
 
 # the generator key of the buffer values the state-dict round trip loads (training's are steps)
 _ROUND_TRIP_KEY = 1_000
@@ -44,6 +46,8 @@ def run_cell(axes: dict[str, Any], declared: Sequence[str] = (), plain_jit: bool
     progress.at("starting the cell")
     if cell.simulated:
         return run_simulated(cell, frozenset(declared)).to_json()
+    if COMPOSITIONS[cell.composition].parallelism == "tensor":
+        return run_tensor_parallel(cell, frozenset(declared)).to_json()
     areas = [area for name, area in AREAS.items() if applies(cell, name)]
     refused = expects_reset_error(cell)  # a negative cell: only its refusal is judged
     try:

@@ -191,9 +191,9 @@ def _counted(name: str, original: Any) -> Any:
 
 def calls_for(composition: Any) -> list[Issued] | None:
     """Where a composition's collectives are counted: an empty list to count them into under
-    PyTorch's parallelism (its hooks issue them), None under Thunder's own transforms (its
-    traces hold them)."""
-    return [] if composition.parallelism == "torch" else None
+    PyTorch's parallelism, data or tensor (its hooks and DTensor issue them), None under
+    Thunder's own transforms (its traces hold them)."""
+    return None if composition.parallelism == "thunder" else []
 
 
 @contextlib.contextmanager

@@ -8,13 +8,15 @@ a gradient off only once the optimizer state exists, an update that is not appli
 ``steps`` holds the step loop; ``tolerances`` how far each tensor may stray (float32 fixed,
 below it from eager's own error against a float32 twin); ``propagation`` the updates' tolerance
 (what the optimizer makes of gradients off that far); ``scale``, ``dropout`` and ``scenarios``
-judge a gradient's scale, a dropout's masks and what a cell's scenario did after training.
+judge a gradient's scale, a dropout's masks and what a cell's scenario did after training;
+``tensor_parallel`` a tensor-parallel cell's steps.
 """
 
 from __future__ import annotations
 
 from conformance.checks.area import Area
+from conformance.checks.numerics import tensor_parallel
 from conformance.checks.numerics.steps import check
 
 # every composition records its steps: Thunder's transforms and PyTorch's parallelism alike
-AREA = Area("numerics", check, parallelisms=frozenset({"thunder", "torch"}))
+AREA = Area("numerics", check, parallelisms=frozenset({"thunder", "torch"}), tensor_parallel=tensor_parallel.check)
