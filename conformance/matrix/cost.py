@@ -12,11 +12,15 @@ from conformance.matrix.cells import DEFAULT_SCENARIO, Cell
 from conformance.matrix.simulated import world_of
 from fixtures.compositions import COMPOSITIONS
 from fixtures.models import fixture_for
+from fixtures.options import INFERENCE
 
 # about how many compilations of the cell's model a scenario adds: a forward alone for
 # no_grad, a no_sync forward and backward, a second shape's, and a fresh composition for each
 # checkpoint kind (full; sharded too where parameters are: conformance/rank/scenarios/resume.py)
 SCENARIO_COMPILATIONS = {"infer": 0.6, "accumulate": 1.0, "reshape": 1.0, "resume": 1.0}
+# tensor parallelism's inference compiles a forward alone, in place of training's forward and
+# backward: what it costs of the model's tracing (infer's share)
+INFERENCE_SHARE = SCENARIO_COMPILATIONS["infer"]
 # a world forked from the zygote, as ci's report on the pin measured it (world_start_s of the
 # worlds of 3, 4 and 1000 simulated ranks: 1.2 to 1.7 s); the first world also starts the zygote
 WORLD_START_S = 1.5
@@ -24,7 +28,7 @@ WORLD_START_S = 1.5
 
 def scenario_seconds(row: Mapping[str, Any], scenario: str) -> float:
     """What running ``scenario`` adds to the row's cell (a dict of axes, or a cell's)."""
-    if scenario == DEFAULT_SCENARIO:
+    if scenario in (DEFAULT_SCENARIO, INFERENCE):
         return 0.0
     kinds = 2 if scenario == "resume" and not COMPOSITIONS[row["composition"]].replicated else 1
     return SCENARIO_COMPILATIONS[scenario] * kinds * fixture_for(row["model"], row.get("spec")).trace_s
@@ -34,7 +38,8 @@ def expected_seconds(cell: Cell) -> float:
     """The model's tracing and its scenario's compilations; a world of more processes than a
     pair shares the machine's cores between them (a simulated world runs ``SAMPLED``)."""
     processes, _ = world_of(cell)
-    own = fixture_for(cell.model, cell.spec).trace_s + scenario_seconds(cell.__dict__, cell.scenario)
+    share = INFERENCE_SHARE if cell.scenario == INFERENCE else 1.0
+    own = fixture_for(cell.model, cell.spec).trace_s * share + scenario_seconds(cell.__dict__, cell.scenario)
     return own * max(1.0, processes / 2)
 
 

@@ -123,7 +123,7 @@ def _checkpointing_ci(world_size: int, unsupported: Collection[str]) -> Iterator
 
 # Tensor parallelism in ci: inference on the small MLP at 2 ranks and unevenly at 3 (20 hidden
 # rows), on both litgpt MLPs (LLaMA's two gates over one input); training at 2 and 3. Nightly
-# and full carry every cell of the family at 2, 3 and 4 ranks.
+# and full carry every cell of the family at the session's size and the boundary ones.
 TENSOR_PARALLEL_CI = (
     Cell("mlp", "real", "thunderfx_tp", scenario="inference", world_size=2),
     Cell("mlp", "real", "thunderfx_tp", scenario="inference", world_size=3),
@@ -132,18 +132,18 @@ TENSOR_PARALLEL_CI = (
     Cell("mlp", "real", "thunderfx_tp", world_size=2),
     Cell("litgpt_llama", "real", "thunderfx_tp", world_size=3),
 )
-TENSOR_PARALLEL_WORLD_SIZES = (2, 3, 4)
 
 
 def _tensor_parallel(profile: str, world_size: int, unsupported: Collection[str]) -> Iterator[Cell]:
     """Tensor parallelism's cells: ci's hand-picked ones, every cell of the family elsewhere
-    (the session's world size and 2, 3, 4); none where no composition of it is offered."""
+    (at the session's world size and the boundary ones); none where no composition of it is
+    offered."""
     if not tensor_parallel_values(world_size, unsupported)["composition"]:
         return
     if profile == "ci":
         yield from (c for c in TENSOR_PARALLEL_CI if c.composition not in unsupported)
         return
-    for n in dict.fromkeys((world_size, *TENSOR_PARALLEL_WORLD_SIZES)):
+    for n in dict.fromkeys((world_size, *BOUNDARY_WORLD_SIZES)):
         yield from full(tensor_parallel_values(n, unsupported))
 
 

@@ -69,8 +69,12 @@ def test_ci_gives_an_unsupported_composition_one_cell_and_its_pairs_to_the_other
     assert unmet_pairs(every, 2, profile="ci") == []
 
 
+def tensor_parallel(cell) -> bool:
+    return COMPOSITIONS[cell.composition].parallelism == "tensor"
+
+
 def test_profiles_over_the_default_world_size_and_the_boundary_ones() -> None:
-    sizes = collections.Counter(c.world_size for c in RUNS)
+    sizes = collections.Counter(c.world_size for c in RUNS if not tensor_parallel(c))
     assert set(sizes) == {2, *BOUNDARY_WORLD_SIZES}
     assert all(2 <= sizes[n] <= 4 for n in BOUNDARY_WORLD_SIZES), sizes
     for n in BOUNDARY_WORLD_SIZES:
@@ -161,6 +165,22 @@ def test_nightly_is_the_same_in_every_process_and_its_size_is_the_readmes() -> N
     assert f"`nightly` ({len(NIGHTLY)} cells" in readme
 
 
+def test_tensor_parallelism_has_its_cells_in_ci_and_every_one_beyond() -> None:
+    """ci: inference and training at 2 and 3 ranks (uneven shards at 3), on a toy MLP and both
+    litgpt MLPs; nightly and full: every cell of the family at 2, 3 and 4 ranks; nothing of
+    the family in any other array, and none of its values elsewhere."""
+    picked = [c for c in RUNS if tensor_parallel(c)]
+    assert {(c.scenario, c.world_size) for c in picked} == {(s, n) for s in ("inference", "train") for n in (2, 3)}
+    assert {c.model for c in picked} == {m for m, f in MODELS.items() if f.tp_plan}
+    for profile in ("nightly", "full"):
+        family = [c for c in cells(profile, 2, PIN_UNSUPPORTED) if tensor_parallel(c)]
+        assert len(family) == 3 * 2 * sum(len(f.ties) for f in MODELS.values() if f.tp_plan)
+    assert all(c.scenario != "inference" for c in NIGHTLY if not tensor_parallel(c))
+    assert not valid({"composition": "thunderfx_tp", "model": "tied_lm"})  # no plan
+    assert not valid({"composition": "thunderfx_tp", "sharding": "zero3"})
+    assert not valid({"composition": "jit_fsdp", "scenario": "inference"})
+
+
 @pytest.mark.slow  # starts a world
 def test_the_pins_probe(tmp_path) -> None:
     world = World(LaunchSpec(nproc=2, backend="gloo"), base_dir=tmp_path)
@@ -234,14 +254,15 @@ def test_ci_meets_every_scenario_pairwise_and_compiles_litgpt_again_only_for_its
     assert sorted((c.model, c.scenario) for c in beyond if c.model in heavy) == sorted(
         itertools.product(heavy, set(SCENARIOS) - {"train"})
     )
-    assert {(c.model, c.scenario) for c in RUNS if c.model in heavy and c.scenario != "train"} == set(
+    data_parallel = [c for c in RUNS if not tensor_parallel(c)]
+    assert {(c.model, c.scenario) for c in data_parallel if c.model in heavy and c.scenario != "train"} == set(
         itertools.product(heavy, set(SCENARIOS) - {"train"})
     )
     # the models that train only are in the array, at every one of their pairs, training
     trains_only = [c for c in RUNS if MODELS[c.model].output_dropout is not None]
     assert trains_only and {c.scenario for c in trains_only} == {"train"}
     assert {c.init for c in trains_only} == set(INITS)
-    assert {c.scenario for c in NIGHTLY_RUNS} == set(SCENARIOS)
+    assert {c.scenario for c in NIGHTLY_RUNS if not tensor_parallel(c)} == set(SCENARIOS)
 
 
 def test_ddp_takes_rows_of_cis_array_and_has_nightly_arrays_of_its_own() -> None:
