@@ -62,3 +62,13 @@ def local_shape(shape: tuple[int, ...], placed: tuple[str, ...] | None, rank: in
     piece = -(-shape[dim] // world)
     held = max(0, min(piece, shape[dim] - rank * piece))
     return (*shape[:dim], held, *shape[dim + 1 :])
+
+
+def held_elements(shape: tuple[int, ...], placed: tuple[str, ...] | None, rank: int, world: int) -> int:
+    """The elements ``rank``'s storage of a parameter so placed holds. ``distribute_tensor``
+    scatters pieces padded to ceil(n / world) and unpads a short one by narrowing it: on dim 0 a
+    view, so the padded piece stays held; on another dim a copy of the narrowed piece (measured
+    on torch 2.11.0: the MLP's fc1 weight holds 7 x 12 at rank 2 of 3, its 6 rows' 72 shown)."""
+    if placed and placed[0] == SHARD_ROWS and shape:
+        return -(-shape[0] // world) * math.prod(shape[1:])
+    return math.prod(local_shape(shape, placed, rank, world))

@@ -394,6 +394,11 @@ class TensorParallelRecord:
     reached: ReachedThunder | None
     timings: dict[str, float]
     declared: frozenset[str] = frozenset()  # what the xfails file declares of this cell (checks/declared.py)
+    # memory: every storage alive on the device right after setup (the kit's own left out: eager's
+    # model, the device mesh), the bytes of an element of a parameter, and eager's buffers' bytes
+    alive_after_setup: int | None = None
+    itemsize: int = 4
+    buffer_bytes: int = 0
 
     @property
     def trained(self) -> bool:

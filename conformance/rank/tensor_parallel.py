@@ -30,7 +30,7 @@ from conformance.checks.record import (
 )
 from conformance.checks.registry import AREAS, applies
 from conformance.matrix.cells import Cell
-from conformance.rank import clock, progress, reached
+from conformance.rank import clock, measure, progress, reached
 from conformance.rank.build import SEED, Unsupported, recipe
 from conformance.rank.clock import thunder_call
 from conformance.rank.eager import loss, unweighable
@@ -75,6 +75,9 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset()) -> TensorParallelR
     with thunder_call("parallelize and compile"):
         under_test = parts.composition.build(copy.deepcopy(eager), how)
     setup_s = time.perf_counter() - began
+    # before eager tensor parallelism exists: the kit's own then is eager's model and the mesh
+    kit = measure.pointers(*eager.parameters(), *eager.buffers(), *under_test.bookkeeping())
+    alive_after_setup = measure.census(parts.device, kit).nbytes
     eager_tp = tensor_parallel.eager_tp(copy.deepcopy(eager), under_test.mesh, plan)
     placements = {n: _placed(p) for n, p in under_test.named_parameters()}
     breaks = reached.graph_breaks()
@@ -103,6 +106,9 @@ def drive(cell: Cell, declared: frozenset[str] = frozenset()) -> TensorParallelR
         reached=reached.reached_thunder(under_test, breaks),
         timings=timings,
         declared=declared,
+        alive_after_setup=alive_after_setup,
+        itemsize=parts.dtype.itemsize,
+        buffer_bytes=sum(b.nbytes for b in eager.buffers()),
     )
 
 

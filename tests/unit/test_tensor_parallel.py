@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from conformance.checks import collectives, compiled, megatron, sharding
+from conformance.checks import collectives, compiled, megatron, memory, sharding
 from conformance.checks.numerics import tensor_parallel as numerics
 from conformance.checks.numerics.tolerances import FLOAT32
 from conformance.checks.record import (
@@ -67,6 +67,7 @@ def _record(rank: int = 2, world: int = 3, trained: bool = False) -> TensorParal
         steps=[step],
         reached=ReachedThunder(3, 0, [], {}, {"THUNDER": {"linear": 2, "gelu": 1}}),
         timings={},
+        alive_after_setup=4 * sum(megatron.held_elements(s, wanted[n], rank, world) for n, s in SHAPES.items()),
     )
 
 
@@ -97,6 +98,24 @@ def test_a_shard_is_cut_as_torch_chunk_cuts_uneven_dims() -> None:
     assert megatron.local_shape((7,), (megatron.REPLICATE,), 1, 3) == (7,)
 
 
+def test_a_short_piece_on_dim_0_is_held_in_its_padded_storage() -> None:
+    """As DTensor's scatter leaves it: the piece narrowed on dim 0 is a view of the padded one;
+    on dim 1 a copy of the narrowed piece."""
+    assert megatron.held_elements((20, 12), (megatron.SHARD_ROWS,), 2, 3) == 7 * 12
+    assert megatron.held_elements((7, 20), (megatron.SHARD_COLUMNS,), 2, 3) == 7 * 6
+    assert megatron.held_elements((7,), None, 2, 3) == 7
+
+
+def test_a_whole_copy_of_a_split_weight_kept_after_setup_is_memorys_finding() -> None:
+    run = _record()
+    assert run.alive_after_setup == 4 * (7 * 12 + 7 + 7 * 6 + 7)  # rank 2 of 3
+    run.alive_after_setup += 4 * 20 * 12  # fc1's weight kept whole beside its shard
+    codes = _codes(memory.check_tensor_parallel(run))
+    assert codes == [("memory.held_after_setup", {"held": run.alive_after_setup, "excess": 960, "cause": "kept"})]
+    run.alive_after_setup -= 4 * 20 * 12 + 4  # one element less than held: no finding (0-d storages aside)
+    assert _codes(memory.check_tensor_parallel(run)) == []
+
+
 def test_every_fixture_plan_names_linears_of_its_model() -> None:
     for name, fixture in MODELS.items():
         if fixture.tp_plan:
@@ -111,7 +130,7 @@ def test_every_fixture_plan_names_linears_of_its_model() -> None:
 def test_a_conforming_record_passes_every_area(trained: bool) -> None:
     run = _record(trained=trained)
     checks = (sharding.check_tensor_parallel, collectives.check_tensor_parallel, numerics.check)
-    for check in (*checks, compiled.check_tensor_parallel):
+    for check in (*checks, memory.check_tensor_parallel, compiled.check_tensor_parallel):
         assert _codes(check(run)) == [], check
 
 

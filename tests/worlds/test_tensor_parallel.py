@@ -51,7 +51,7 @@ def _run(worlds: dict[int, World], base: Path, cell: Cell) -> list[CellResult]:
 def test_eager_tensor_parallelism_conforms_to_every_derivation(worlds, tmp_path_factory, planned: Cell) -> None:
     cell = planned
     for rank, result in enumerate(_run(worlds, tmp_path_factory.mktemp("worlds"), cell)):
-        assert set(result.areas) == {"numerics", "collectives", "sharding", "compiled"}
+        assert set(result.areas) == {"numerics", "collectives", "sharding", "memory", "compiled"}
         for name, found in result.areas.items():
             assert found.crash is None, (rank, name, found.crash)
             codes = [f.code for f in found.found]

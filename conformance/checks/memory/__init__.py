@@ -56,11 +56,13 @@ plan: the bounds above do; and what the forward saves, against plain ``thunder.j
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from conformance.checks import megatron
 from conformance.checks.area import Area, Noise
 from conformance.checks.findings import Failure, Findings
 from conformance.checks.memory.against_plan import along_the_plan, saved_against_plain_jit
@@ -77,7 +79,7 @@ from conformance.checks.memory.arithmetic import (
 from conformance.checks.memory.dataflow import estimated_returned
 from conformance.checks.memory.margins import ESTIMATE_FACTOR, held_slack
 from conformance.checks.memory.torch_parallel import held_after_forward, peak_bounds
-from conformance.checks.record import MEASURED_STEP, CellRecord, SimulatedRecord
+from conformance.checks.record import MEASURED_STEP, CellRecord, SimulatedRecord, TensorParallelRecord
 from conformance.checks.storages import allocations
 from conformance.matrix.cells import DEFAULT_CHECKPOINTING
 
@@ -363,6 +365,38 @@ def grown(before: Mapping[str, float], now: Findings, noise: Callable[[str], Noi
     return found
 
 
+def check_tensor_parallel(run: TensorParallelRecord) -> Findings:
+    """Under tensor parallelism, what a rank holds right after setup: its shards of what the
+    plan splits (as DTensor holds them: ``megatron.held_elements``), every other parameter whole,
+    and the buffers (*independent*: the plan, eager's shapes and the world size), exactly on the
+    CPU; nothing more."""
+    found = Findings()
+    wanted = megatron.placements(run.layers, list(run.shapes))
+    shards = sum(
+        megatron.held_elements(shape, wanted[n], run.rank, run.world_size) * run.itemsize
+        for n, shape in run.shapes.items()
+    )
+    resident = shards + run.buffer_bytes
+    alive = run.alive_after_setup
+    found.metrics["retained after setup"] = {"measured": alive, "bound": resident}
+    if alive is None:
+        found.metrics["not judged"] = "nothing measured after setup"
+        return found
+    fields = {"held": alive, "excess": alive - resident, "cause": "kept"}
+    derived = {"resident": resident, "buffers": run.buffer_bytes}
+    with found.expect("memory.held_after_setup", "memory held after setup", derived, **fields):
+        assert alive <= resident, (
+            f"{alive} bytes alive, {alive - resident} more than the shards, the whole parameters the "
+            f"plan leaves alone and the buffers ({resident}): whole copies of what the plan splits were kept"
+        )
+    return found
+
+
 AREA = Area(
-    "memory", check, simulated=check_simulated, against_baseline=grown, parallelisms=frozenset({"thunder", "torch"})
+    "memory",
+    check,
+    simulated=check_simulated,
+    against_baseline=grown,
+    parallelisms=frozenset({"thunder", "torch"}),
+    tensor_parallel=check_tensor_parallel,
 )
