@@ -56,7 +56,6 @@ plan: the bounds above do; and what the forward saves, against plain ``thunder.j
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
