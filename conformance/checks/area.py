@@ -48,6 +48,9 @@ class Area:
     parallelisms: frozenset[str] = frozenset({"thunder"})
     # its check of one sampled rank of a simulated world (None: the area needs data to move)
     simulated: Callable[[SimulatedRecord], Findings] | None = None
+    # whether it judges hybrid sharding's cells (``Composition.hybrid``: FSDP within each row of
+    # a 2-D mesh, DDP across): what it derives holds for shards over a row, not the world
+    hybrid: bool = False
     # its check of a tensor-parallel cell's record (parallelism "tensor": every rank on the same
     # batch, the model split by a plan; None: the area does not judge that family)
     tensor_parallel: Callable[[TensorParallelRecord], Findings] | None = None

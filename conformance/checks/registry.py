@@ -39,7 +39,8 @@ def applies(cell: Cell, name: str) -> bool:
     """Whether area ``name`` judges ``cell``: a negative cell never gets a model to train, so
     only the areas that judge a refusal apply to it; a simulated world moves no data, so only
     the areas that judge what a rank holds and traces by itself; a tensor-parallel cell only
-    the areas with a judgment of that family; an area judges the compositions of the
+    the areas with a judgment of that family; a hybrid-sharded one the areas that judge hybrid
+    meshes; an area judges the compositions of the
     parallelisms it names."""
     area = AREAS[name]
     if cell.simulated:
@@ -48,6 +49,8 @@ def applies(cell: Cell, name: str) -> bool:
         return area.refusal is not None
     if COMPOSITIONS[cell.composition].parallelism == "tensor":
         return area.tensor_parallel is not None
+    if COMPOSITIONS[cell.composition].hybrid and not area.hybrid:
+        return False
     if COMPOSITIONS[cell.composition].parallelism not in area.parallelisms:
         return False
     return area.check is not None and area.applies(cell)

@@ -15,7 +15,7 @@ from conformance.matrix import simulated
 from conformance.matrix.cells import DEFAULT_CHECKPOINTING, Cell
 from conformance.matrix.cells import DEFAULT_EXECUTORS as EXECUTORS_DEFAULT
 from fixtures.checkpointing import CHECKPOINTINGS, numbered_blocks
-from fixtures.compositions import COMPOSITIONS
+from fixtures.compositions import COMPOSITIONS, FSDP_WIDTH
 from fixtures.executors import EXECUTORS
 from fixtures.inits import INITS, fresh_part
 from fixtures.models import MODELS, fixture_for
@@ -50,7 +50,7 @@ def valid(row: dict[str, Any]) -> bool:
             return False
         if row.get("offload", "none") != "none":
             return False
-    if not _tensor_parallel_valid(row):
+    if not _tensor_parallel_valid(row) or not _hybrid_valid(row):
         return False
     # mixed precision is FSDP2's policy
     return not (row.get("dtype") in MIXED and "composition" in row and not _fsdp2(row["composition"]))
@@ -76,6 +76,9 @@ def has_blocks(model: str) -> bool:
     with torch.device("meta"):
         return bool(numbered_blocks(MODELS[model].build(False)))
 
+
+# hybrid sharding's world: two rows of FSDP_WIDTH ranks (a CPU world of 4 gloo ranks holds it)
+HYBRID_WORLD_SIZE = 2 * FSDP_WIDTH
 
 # tensor parallelism's scenarios: inference alone, and training
 TENSOR_PARALLEL_SCENARIOS = (INFERENCE, "train")
@@ -103,6 +106,30 @@ def _tensor_parallel_valid(row: dict[str, Any]) -> bool:
     if row.get("scenario", "train") not in TENSOR_PARALLEL_SCENARIOS:
         return False
     return all(row.get(axis, value) == value for axis, value in _TENSOR_PARALLEL_DEFAULTS.items())
+
+
+def _hybrid_valid(row: dict[str, Any]) -> bool:
+    """Hybrid sharding needs more than one row of FSDP_WIDTH ranks; it trains, offloading and
+    checkpointing nothing (its judgment so far: numerics, conformance/checks/area.py)."""
+    if not ("composition" in row and COMPOSITIONS[row["composition"]].hybrid):
+        return True
+    n = row.get("world_size")
+    if n is not None and (n % FSDP_WIDTH or n <= FSDP_WIDTH):
+        return False
+    at_defaults = {"scenario": "train", "offload": "none", "checkpointing": DEFAULT_CHECKPOINTING}
+    return all(row.get(axis, value) == value for axis, value in at_defaults.items())
+
+
+def hybrid_values(unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
+    """The values of hybrid sharding's cells: its compositions (none offered: an empty list) at
+    HYBRID_WORLD_SIZE, Thunder's own transforms' values but its defaults where it has them."""
+    values = _uncheckpointed(axis_values(HYBRID_WORLD_SIZE, unsupported))
+    values["composition"] = [c for c in COMPOSITIONS if c not in unsupported and COMPOSITIONS[c].hybrid]
+    values["model"] = [m for m in values["model"] if m not in TRAINS_ONLY]
+    expressed = {i for c in values["composition"] for i in values["init"] if valid({"composition": c, "init": i})}
+    values["init"] = [i for i in values["init"] if i in expressed]
+    values.update(offload=["none"], scenario=["train"])
+    return values
 
 
 def tensor_parallel_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str, list[Any]]:
@@ -140,7 +167,12 @@ def axis_values(world_size: int, unsupported: Collection[str] = ()) -> dict[str,
         "model": list(MODELS),
         "init": list(INITS),
         # Thunder's own transforms: PyTorch's parallelism has arrays of its own (torch_parallel_values)
-        "composition": [c for c in COMPOSITIONS if c not in unsupported and COMPOSITIONS[c].parallelism == "thunder"],
+        # (hybrid sharding's at one world size: arrays of their own, hybrid_values)
+        "composition": [
+            c
+            for c in COMPOSITIONS
+            if c not in unsupported and COMPOSITIONS[c].parallelism == "thunder" and not COMPOSITIONS[c].hybrid
+        ],
         "tie": list(TIES),
         "offload": [p for p in POLICIES if p not in unsupported],
         "sharding": list(SHARDINGS),

@@ -27,6 +27,7 @@ from conformance.matrix.axes import (
     axis_values,
     by_replication,
     checkpointing_values,
+    hybrid_values,
     pairwise_values,
     replicated_values,
     tensor_parallel_values,
@@ -147,6 +148,27 @@ def _tensor_parallel(profile: str, world_size: int, unsupported: Collection[str]
         yield from full(tensor_parallel_values(n, unsupported))
 
 
+# Hybrid sharding in ci, at 4 ranks (a 2 x 2 mesh): the plugin's default broadcast (rank 0), and
+# a broadcast from the last rank under ZERO3 on a tied model (the broadcast rank mapped into a
+# row and a column that are not rank 0's). Nightly: a pairwise array of its values; full: all.
+HYBRID_CI = (
+    Cell("mlp", "real", "jit_hybrid", world_size=4),
+    Cell("tied_lm", "real_broadcast_last", "jit_hybrid", tie="tied", sharding="zero3", world_size=4),
+)
+
+
+def _hybrid(profile: str, unsupported: Collection[str]) -> Iterator[Cell]:
+    values = hybrid_values(unsupported)
+    if not values["composition"]:
+        return
+    if profile == "ci":
+        yield from (c for c in HYBRID_CI if c.composition in values["composition"])
+    elif profile == "nightly":
+        yield from covering(values)
+    else:
+        yield from full(values)
+
+
 def _stand_in(
     axis: str, value: str, world_size: int, unsupported: Collection[str], composition: str | None = None
 ) -> Cell:
@@ -219,6 +241,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *torch_cells,
             *_checkpointing_ci(world_size, unsupported),
             *_tensor_parallel(profile, world_size, unsupported),
+            *_hybrid(profile, unsupported),
         ]
     elif profile == "nightly":
         # every triple at the session's size; the boundary sizes get what full gives them
@@ -235,6 +258,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *(c for values in by_replication(torch_parallel) for c in covering(values, strength=3)),
             *grown(checkpointing_values(world_size, unsupported), contract=False, refused=refused),
             *_tensor_parallel(profile, world_size, unsupported),
+            *_hybrid(profile, unsupported),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]
@@ -247,6 +271,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *(full(torch_parallel) if torch_parallel["composition"] else ()),
             *full(checkpointing_values(world_size, unsupported), refused),
             *_tensor_parallel(profile, world_size, unsupported),
+            *_hybrid(profile, unsupported),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]

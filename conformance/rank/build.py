@@ -29,7 +29,7 @@ from conformance.rank.process_group import counted_group
 from fixtures import inits, patterns
 from fixtures import torch_parallel as tp
 from fixtures.checkpointing import checkpointed
-from fixtures.compositions import COMPOSITIONS, Composition, Setup
+from fixtures.compositions import COMPOSITIONS, Composition, Setup, shard_ranks
 from fixtures.executors import EXECUTORS, ExecutorChoice
 from fixtures.models import ModelFixture, fixture_for
 from fixtures.offloads import POLICIES
@@ -122,6 +122,8 @@ class EagerModel:
     dtensors: bool = False
     # meta init: each module initialized on its own as Thunder materializes it
     module_inits: list[ModuleInit] = dataclasses.field(default_factory=list)
+    # hybrid sharding: the ranks whose shards make this rank's parameters (its row of the mesh)
+    shard_ranks: tuple[int, ...] | None = None
 
     def gather(self, tm: Any, grads: bool = False) -> Gathered:
         """The Thunder module's full parameters (or gradients), by this model's names, each
@@ -129,7 +131,13 @@ class EagerModel:
         dtypes = {n: p.dtype for n, p in self.module.named_parameters()}
         with progress.phase("gathering gradients" if grads else "gathering parameters"):
             return gather(
-                tm, self.shapes, grads=grads, replicated=self.replicated, dtypes=dtypes, dtensors=self.dtensors
+                tm,
+                self.shapes,
+                grads=grads,
+                replicated=self.replicated,
+                dtypes=dtypes,
+                dtensors=self.dtensors,
+                shard_ranks=self.shard_ranks,
             )
 
     def kit_pointers(self) -> set[int]:
@@ -166,6 +174,7 @@ def build_eager_model(recipe: Recipe) -> EagerModel:
         replicated=recipe.composition.replicated,
         dtensors=recipe.composition.parallelism == "torch",
         module_inits=eager_module_inits(recipe, recipe.device) if _materializes(recipe.init) else [],
+        shard_ranks=shard_ranks(dist.get_rank(), recipe.cell.world_size) if recipe.composition.hybrid else None,
     )
 
 

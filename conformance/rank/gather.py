@@ -40,12 +40,16 @@ class Gathered(dict[str, torch.Tensor]):
         self.defects = defects
 
 
-def unshard(piece: torch.Tensor, full_shape: torch.Size) -> torch.Tensor:
+def unshard(piece: torch.Tensor, full_shape: torch.Size, shard_ranks: tuple[int, ...] | None = None) -> torch.Tensor:
     """Rebuild a full tensor from every rank's dim-0 shard (Thunder pads dim 0 to a multiple);
-    ``piece`` has the shape ``_local_shape`` gives (``gather`` sees to it)."""
+    ``piece`` has the shape ``_local_shape`` gives (``gather`` sees to it). ``shard_ranks``
+    (hybrid sharding): the ranks whose shards make this rank's tensor, in order; every rank
+    gathers from all, so that the world issues one collective."""
     world = dist.get_world_size()
     parts = [torch.empty_like(piece) for _ in range(world)]
     dist.all_gather(parts, piece.detach().contiguous())
+    if shard_ranks is not None:
+        parts = [parts[r] for r in shard_ranks]
     return torch.cat(parts)[: full_shape[0]].cpu()
 
 
@@ -74,6 +78,7 @@ def gather(
     replicated: bool = False,
     dtypes: dict[str, torch.dtype] | None = None,
     dtensors: bool = False,
+    shard_ranks: tuple[int, ...] | None = None,
 ) -> Gathered:
     """Full parameters (or their gradients) of the Thunder module, by name. A gradient that
     no rank has (a frozen parameter's) is left out, as eager leaves it None; one that only
@@ -84,7 +89,8 @@ def gather(
     parallelism): a tensor may be a DTensor, gathered by DTensor's own collective; the ranks
     first agree which are (one all-reduce), and one that is a DTensor on some ranks only is
     gathered as NaN on every rank without a collective, a defect naming it (else the ranks
-    would issue different collectives and wait out the cell's timeout).
+    would issue different collectives and wait out the cell's timeout). ``shard_ranks``
+    (hybrid sharding): the ranks that shard what this rank holds, its row of the mesh.
 
     Never crashes on what Thunder left: a tensor of the wrong shape, dtype or device, or on
     the meta device, is gathered as NaN of what this rank should hold (so that the ranks
@@ -99,7 +105,7 @@ def gather(
         present = {name for name, n in zip(params, have.tolist(), strict=True) if n}
     out: dict[str, torch.Tensor] = {}
     defects: dict[str, str] = {}
-    world = dist.get_world_size()
+    world = dist.get_world_size() if shard_ranks is None else len(shard_ranks)
     held = {name: _held(params[name], grads) for name in shapes if name in present}
     mixed = _dtensors_on_some_ranks(held, device) if dtensors else {}
     for name, shape in shapes.items():
@@ -123,7 +129,7 @@ def gather(
         if wrong is not None:
             defects[name] = wrong
             t = torch.full(local, float("nan"), dtype=dtype, device=device)
-        out[name] = t.detach().cpu().clone() if whole else unshard(t, shape)
+        out[name] = t.detach().cpu().clone() if whole else unshard(t, shape, shard_ranks)
     return Gathered(out, _merged_over_ranks(defects, device))
 
 

@@ -99,7 +99,8 @@ class _Lockstep:
         self.torch_parallel = recipe.composition.parallelism == "torch"
         self.ledger = Ledger(recipe.device, measured=why is None, resizes=self.torch_parallel)
         # one optimizer-state twin per trainable storage, of the shape this rank holds
-        held_world = 1 if self.eager_model.replicated else self.world
+        shard_ranks = self.eager_model.shard_ranks
+        held_world = 1 if self.eager_model.replicated else len(shard_ranks) if shard_ranks else self.world
         self.shard_twins = _shard_twins(self.eager_model.module, held_world, self.recipe.device)
         # the eager models run every rank's micro-batch, each with that rank's buffers
         self.eager = Eager.of(self.eager_model.module, self.world)

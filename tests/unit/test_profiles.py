@@ -73,8 +73,14 @@ def tensor_parallel(cell) -> bool:
     return COMPOSITIONS[cell.composition].parallelism == "tensor"
 
 
+def own_family(cell) -> bool:
+    """A cell of a family with cells of its own, beside the arrays over every axis: tensor
+    parallelism's, hybrid sharding's (at its one world size)."""
+    return tensor_parallel(cell) or COMPOSITIONS[cell.composition].hybrid
+
+
 def test_profiles_over_the_default_world_size_and_the_boundary_ones() -> None:
-    sizes = collections.Counter(c.world_size for c in RUNS if not tensor_parallel(c))
+    sizes = collections.Counter(c.world_size for c in RUNS if not own_family(c))
     assert set(sizes) == {2, *BOUNDARY_WORLD_SIZES}
     assert all(2 <= sizes[n] <= 4 for n in BOUNDARY_WORLD_SIZES), sizes
     for n in BOUNDARY_WORLD_SIZES:
@@ -138,8 +144,8 @@ def test_nightly_meets_every_valid_triple_in_a_cell_that_runs() -> None:
 def test_nightly_boundary_sizes_get_what_full_gives_them_and_everything_ci_picked_them_for() -> None:
     full = cells("full", 2, PIN_UNSUPPORTED)
     for n in BOUNDARY_WORLD_SIZES:
-        at_n = [c for c in NIGHTLY_RUNS if c.world_size == n]
-        assert at_n == [c for c in full if c.world_size == n]
+        at_n = [c for c in NIGHTLY_RUNS if c.world_size == n and not COMPOSITIONS[c.composition].hybrid]
+        assert at_n == [c for c in full if c.world_size == n and not COMPOSITIONS[c.composition].hybrid]
         assert unmet_pairs(at_n, n, PIN_UNSUPPORTED) == []
         assert {"zero3"} <= {c.sharding for c in at_n}
         assert {"real_broadcast_first", "real_broadcast_last", "meta_transformed_sd"} <= {c.init for c in at_n}
@@ -179,6 +185,20 @@ def test_tensor_parallelism_has_its_cells_in_ci_and_every_one_beyond() -> None:
     assert not valid({"composition": "thunderfx_tp", "model": "tied_lm"})  # no plan
     assert not valid({"composition": "thunderfx_tp", "sharding": "zero3"})
     assert not valid({"composition": "jit_fsdp", "scenario": "inference"})
+
+
+def test_hybrid_sharding_runs_at_four_ranks_alone_in_arrays_of_its_own() -> None:
+    """ci: the plugin's default broadcast and one from the last rank, both at 4 ranks (a 2 x 2
+    mesh); nightly a pairwise array of its values; no other array holds the composition, nor
+    a world it cannot make a 2-D mesh of."""
+    hybrid = [c for c in RUNS if COMPOSITIONS[c.composition].hybrid]
+    assert {(c.init, c.world_size) for c in hybrid} == {("real", 4), ("real_broadcast_last", 4)}
+    nightly = [c for c in NIGHTLY_RUNS if COMPOSITIONS[c.composition].hybrid]
+    assert {c.world_size for c in nightly} == {4} and {c.scenario for c in nightly} == {"train"}
+    assert {c.sharding for c in nightly} == {"zero2", "zero3"}
+    assert not valid({"composition": "jit_hybrid", "world_size": 2})
+    assert valid({"composition": "jit_hybrid", "world_size": 6})  # 3 rows of 2
+    assert not valid({"composition": "jit_hybrid", "scenario": "resume"})
 
 
 @pytest.mark.slow  # starts a world

@@ -19,4 +19,11 @@ from conformance.checks.numerics import tensor_parallel
 from conformance.checks.numerics.steps import check
 
 # every composition records its steps: Thunder's transforms and PyTorch's parallelism alike
-AREA = Area("numerics", check, parallelisms=frozenset({"thunder", "torch"}), tensor_parallel=tensor_parallel.check)
+# gradients averaged over every rank whatever the mesh: hybrid sharding's cells too
+AREA = Area(
+    "numerics",
+    check,
+    parallelisms=frozenset({"thunder", "torch"}),
+    hybrid=True,
+    tensor_parallel=tensor_parallel.check,
+)
