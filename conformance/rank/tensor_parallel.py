@@ -34,7 +34,7 @@ from conformance.rank import clock, measure, progress, reached
 from conformance.rank.build import SEED, Unsupported, recipe
 from conformance.rank.clock import thunder_call
 from conformance.rank.eager import loss, unweighable
-from conformance.rank.gather import rank_device
+from conformance.rank.gather import cpu_copy, rank_device
 from conformance.rank.process_group import counted_group, counting
 from conformance.rank.train import generator
 from fixtures import tensor_parallel
@@ -134,7 +134,8 @@ def _step(
     got = _whole(out)
     if (wrong := unweighable(got, expected)) is not None:
         raise ThunderReturnedWrong(f"step {step}: the tensor-parallel model's output {wrong}")
-    record = TensorParallelStep(output=_cpu(got), eager=_cpu(expected), eager_tp=_cpu(expected_tp), issued=issued)
+    copies = {"output": cpu_copy(got), "eager": cpu_copy(expected), "eager_tp": cpu_copy(expected_tp)}
+    record = TensorParallelStep(**copies, issued=issued)
     if not training:
         return record
     cotangent = torch.randn(expected.shape, generator=generator(step, _COTANGENT_KEY)).to(parts.device, expected.dtype)
@@ -180,17 +181,13 @@ def _whole(t: Any) -> Any:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def _cpu(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().clone().cpu()
-
-
 def _full(model: Any, grads: bool = False) -> dict[str, torch.Tensor]:
     """Every parameter (or its gradient; none: left out) whole, by eager's names, on the CPU."""
     out = {}
     for name, p in model.named_parameters():
         t = p.grad if grads else p
         if t is not None:
-            out[name] = _cpu(_whole(t))
+            out[name] = cpu_copy(_whole(t))
     return out
 
 
