@@ -283,8 +283,15 @@ def ends_at_expected_raise(cell: Any) -> bool:
 
 def runs_to_the_end(cell: Any, probed: Collection[str]) -> bool:
     """Whether ``cell`` trains through every phase on the pin here: ``offered``, not negative
-    (Thunder must refuse its model) and not ending at a raise a raises entry of the pin expects
-    (the torchcompile cells on the CPU)."""
+    (Thunder must refuse its model), training (an inference cell has no backward, step or round
+    trip) and not ending at a raise a raises entry of the pin expects (the torchcompile cells on
+    the CPU)."""
     from conformance.matrix.initialization import expects_reset_error
+    from fixtures.options import INFERENCE
 
-    return offered(cell, probed) and not expects_reset_error(cell) and not ends_at_expected_raise(cell)
+    return (
+        offered(cell, probed)
+        and not expects_reset_error(cell)
+        and cell.scenario != INFERENCE
+        and not ends_at_expected_raise(cell)
+    )

@@ -185,6 +185,9 @@ def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
         metrics = cell["metrics"]
         if cell["outcome"] != "passed":
             continue
+        if COMPOSITIONS[cell["axes"]["composition"]].parallelism == "tensor":
+            _assert_tensor_parallel_measured(cell)
+            continue
         if cell["area"] == "numerics" and cell["axes"]["dtype"] == "float32":
             errors = {k: v for k, v in metrics.items() if k.startswith("gradients at step") and "max_abs_err" in k}
             assert len(errors) == 6 and max(errors.values()) < 1e-4, errors  # every step compared
@@ -219,6 +222,28 @@ def test_report_records_environment_and_measurements(suite: SuiteRun) -> None:
                 allowed = along.get("matmul copies allowed", 0)
                 assert -allowed <= over <= along["gloo's late release"], (cell["id"], phase, along)
     assert set(offloading) == set(POLICIES) - {"none"} and all(offloading.values()), offloading
+
+
+def _assert_tensor_parallel_measured(cell: dict) -> None:
+    """What a passed tensor-parallel cell's report holds: every step's output compared with
+    eager's whole model and eager tensor parallelism, Megatron's all-reduces counted and no
+    gather, and exact bytes and elements a rank holds (a CPU world)."""
+    metrics = cell["metrics"]
+    if cell["area"] == "numerics":
+        errors = {k: v for k, v in metrics.items() if k.endswith("max_abs_err")}
+        assert any(k.startswith("step 0 output against eager's whole model") for k in errors), sorted(metrics)
+        assert any(k.startswith("step 0 output against eager tensor parallelism") for k in errors), sorted(metrics)
+        assert max(errors.values()) < 1e-4, errors
+    if cell["area"] == "collectives":
+        counted = {k: v for k, v in metrics.items() if isinstance(v, dict) and "expected" in v}
+        assert all(v["expected"] == v["actual"] for v in counted.values()), counted
+        assert counted["forward all_reduces"]["actual"] > 0 and counted["forward all_gathers"]["actual"] == 0, counted
+    if cell["area"] == "memory":
+        held = metrics["retained after setup"]
+        assert 0 < held["measured"] == held["bound"], (cell["id"], held)
+    if cell["area"] == "sharding":
+        held = metrics["elements held"]
+        assert 0 < held["actual"] == held["expected"], (cell["id"], held)
 
 
 def test_summary_shows_every_cell(suite: SuiteRun) -> None:
