@@ -130,7 +130,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # cell with a failing area, in the run's order (conformance/matrix/order.py, which keeps
     # the cells of another world together so that a world is closed once no later item needs it).
     items.sort(key=lambda item: runner.position(cell_of(item)))
-    runner.lifetimes.plan((item.nodeid, runner.world_key(cell_of(item))) for item in items)
+    runner.lifetimes.plan((item.nodeid, key) for item in items for key in runner.world_keys(cell_of(item)))
 
 
 def _deselect(config: pytest.Config, items: list[pytest.Item], drop: Callable[[pytest.Item], bool]) -> None:

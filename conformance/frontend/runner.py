@@ -3,7 +3,10 @@ under --isolate), runs each cell once and remembers its outcome for every area's
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,8 @@ from conformance.world.outcome import Outcome
 from conformance.world.zygote import Zygote
 
 RUN_CELL = "conformance.rank.entry:run_cell"  # named, never imported: the ranks import it
+# a resharded resume's saving world's task (conformance/matrix/resharded.py)
+SAVE_RESHARDED = "conformance.rank.scenarios.resharded:save"
 TRACED = "conformance.rank.thunder_coverage:traced"  # a task run under --thunder-coverage's tracer
 
 
@@ -186,6 +191,13 @@ class Runner:
 
         return backend, nproc, [torch.cuda.get_device_name(i) for i in range(gpus)]
 
+    def _cell_refusal(self, cell: Cell) -> str | None:
+        """Why a real cell cannot run here, or None: a world it needs cannot exist."""
+        if cell.saved_at is not None and self.session.nnodes > 1:
+            return "a resharded resume's checkpoint folder must be one every rank sees: one machine only"
+        saving = None if cell.saved_at is None else self._refusal(cell.saved_at)
+        return saving or self._refusal(cell.world_size)
+
     def _refusal(self, size: int) -> str | None:
         """Why a real world of ``size`` ranks cannot exist here, or None."""
         nnodes = self.session.nnodes
@@ -225,14 +237,28 @@ class Runner:
 
     def run(self, cell: Cell) -> Outcome:
         if cell.id not in self.outcomes:
-            if not cell.simulated and (why := self._refusal(cell.world_size)) is not None:
+            if not cell.simulated and (why := self._cell_refusal(cell)) is not None:
                 # every rank's answer, as a probe that refused the cell would give it
                 answer = CellResult(unsupported=why).to_json()
                 results = [protocol.RankResult(r, protocol.PASSED, answer) for r in range(cell.world_size)]
                 self.outcomes[cell.id] = Outcome(results, duration=0.0, startup=0.0)
                 return self.outcomes[cell.id]
+            checkpoint = None
+            if cell.saved_at is not None:
+                checkpoint, saving = self._save_resharded(cell)
+                if not saving.ok:  # the saving world's failure is the cell's: nothing to resume from
+                    shutil.rmtree(checkpoint, ignore_errors=True)
+                    self.outcomes[cell.id] = saving
+                    return saving
             world = self.world(*world_of(cell))
-            outcome = world.run(self.traced(self.cell_task(cell), cell.id), self.config.cell_timeout)
+            task = self.cell_task(cell)
+            if checkpoint is not None:
+                task = protocol.Task(task.fn, {**task.kwargs, "checkpoint": checkpoint})
+            outcome = world.run(self.traced(task, cell.id), self.config.cell_timeout)
+            if checkpoint is not None:
+                shutil.rmtree(checkpoint, ignore_errors=True)
+                outcome.duration += saving.duration
+                outcome.startup += saving.startup
             # the probe's world start is charged to the first cell the world serves
             if not cell.simulated:
                 outcome.startup += self._startup_owed.pop(cell.world_size, 0.0)
@@ -240,6 +266,21 @@ class Runner:
             if self.session.isolate:
                 world.close()
         return self.outcomes[cell.id]
+
+    def _save_resharded(self, cell: Cell) -> tuple[str, Outcome]:
+        """A resharded resume's first part: the cell trained and its checkpoint taken in a
+        world of ``saved_at`` ranks, into a folder every rank of this machine sees (a
+        resharded cell is refused across machines: ``_refusal``). The folder and that task's
+        outcome."""
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        directory = tempfile.mkdtemp(prefix="kit-resharded-", dir=self.base_dir)
+        saving = dataclasses.replace(cell, world_size=cell.saved_at, saved_at=None)
+        task = protocol.Task(SAVE_RESHARDED, {"axes": saving.axes(), "directory": directory})
+        outcome = self.world(cell.saved_at).run(self.traced(task, cell.id), self.config.cell_timeout)
+        if not self.session.isolate:
+            return directory, outcome
+        self.worlds[cell.saved_at, False].close()
+        return directory, outcome
 
     def traced(self, task: protocol.Task, context: str) -> protocol.Task:
         """``task`` as the ranks run it: under --thunder-coverage, inside the rank's tracer with
@@ -262,6 +303,11 @@ class Runner:
         return [e for e in self.expectations if e.covers(cell, area, self.thunder_version, self.session.backend)]
 
     # -- worlds' lifetimes -----------------------------------------------------------------
+
+    def world_keys(self, cell: Cell | None) -> list[WorldKey]:
+        """Every world an item runs on: a resharded resume's saving world first."""
+        saving = [] if cell is None or cell.saved_at is None else [(cell.saved_at, False)]
+        return [*saving, self.world_key(cell)]
 
     def world_key(self, cell: Cell | None) -> WorldKey:
         """The world an item runs on; ``None``: a generated model, at the session's size."""

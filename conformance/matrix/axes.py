@@ -11,7 +11,7 @@ import json
 from collections.abc import Collection
 from typing import Any
 
-from conformance.matrix import simulated
+from conformance.matrix import resharded, simulated
 from conformance.matrix.cells import DEFAULT_CHECKPOINTING, Cell
 from conformance.matrix.cells import DEFAULT_EXECUTORS as EXECUTORS_DEFAULT
 from fixtures.checkpointing import CHECKPOINTINGS, numbered_blocks
@@ -329,6 +329,11 @@ def cell_from_axes(axes: object) -> Cell:
         if (why := simulated.why_not(cell)) or not simulated.valid(dataclasses.asdict(cell)):
             raise ValueError(f"cell {cell.id} cannot be simulated: {why or 'a tie the model does not offer'}")
         return cell
+    saved_at = axes.get("saved_at")
+    if saved_at is not None and (not isinstance(saved_at, int) or isinstance(saved_at, bool)):
+        raise ValueError(f"saved_at must be a whole number of ranks, got {saved_at!r}")
+    if (why := resharded.why_not(Cell(**axes))) is not None:
+        raise ValueError(f"cell {Cell(**axes).id} cannot resume resharded: {why}")
     allowed = axis_values(world_size)
     allowed["model"] = [*allowed["model"], GENERATED]
     allowed["composition"] = list(COMPOSITIONS)  # PyTorch's parallelism's too

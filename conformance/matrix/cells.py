@@ -54,11 +54,16 @@ class Cell:
     # a world of ``world_size`` ranks acted out under torch's fake process group, a few
     # sampled ranks standing for all (conformance/rank/simulate.py); its id ends in ``sim``
     simulated: bool = False
+    # a resharded resume (scenario ``resume``): the checkpoint is taken at this many ranks, in a
+    # world of its own, and resumed at ``world_size`` (conformance/matrix/resharded.py); its id
+    # ends in ``ws{saved_at}to{world_size}``
+    saved_at: int | None = None
 
     @property
     def id(self) -> str:
         parts = [str(getattr(self, axis)) for axis in AXES[:-1] if not self._quiet(axis)]
-        parts.append(f"ws{self.world_size}" + ("sim" if self.simulated else ""))
+        saved = f"{self.saved_at}to" if self.saved_at is not None else ""
+        parts.append(f"ws{saved}{self.world_size}" + ("sim" if self.simulated else ""))
         if self.spec is not None:
             parts.append(hashlib.sha1(self.spec.encode()).hexdigest()[:8])
         return "-".join(parts)
@@ -70,6 +75,8 @@ class Cell:
             del out["spec"]
         if not self.simulated:
             del out["simulated"]
+        if self.saved_at is None:
+            del out["saved_at"]
         for axis in QUIET_DEFAULTS:
             if self._quiet(axis):
                 del out[axis]

@@ -39,8 +39,11 @@ def expected_seconds(cell: Cell) -> float:
     pair shares the machine's cores between them (a simulated world runs ``SAMPLED``)."""
     processes, _ = world_of(cell)
     share = INFERENCE_SHARE if cell.scenario == INFERENCE else 1.0
-    own = fixture_for(cell.model, cell.spec).trace_s * share + scenario_seconds(cell.__dict__, cell.scenario)
-    return own * max(1.0, processes / 2)
+    trace_s = fixture_for(cell.model, cell.spec).trace_s
+    own = trace_s * share + scenario_seconds(cell.__dict__, cell.scenario)
+    # a resharded resume first trains the cell in a world of ``saved_at`` ranks
+    saving = 0.0 if cell.saved_at is None else trace_s * max(1.0, cell.saved_at / 2)
+    return own * max(1.0, processes / 2) + saving
 
 
 def measured_seconds(report_cells: list[dict[str, Any]]) -> dict[str, float]:

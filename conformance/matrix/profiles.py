@@ -19,7 +19,7 @@ import dataclasses
 import functools
 from collections.abc import Collection, Iterator, Mapping
 
-from conformance.matrix import simulated
+from conformance.matrix import resharded, simulated
 from conformance.matrix.arrays import Refused, covering, full, grown
 from conformance.matrix.axes import (
     PROBED_AXES,
@@ -242,6 +242,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *_checkpointing_ci(world_size, unsupported),
             *_tensor_parallel(profile, world_size, unsupported),
             *_hybrid(profile, unsupported),
+            *resharded.cells(profile, unsupported),
         ]
     elif profile == "nightly":
         # every triple at the session's size; the boundary sizes get what full gives them
@@ -259,6 +260,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *grown(checkpointing_values(world_size, unsupported), contract=False, refused=refused),
             *_tensor_parallel(profile, world_size, unsupported),
             *_hybrid(profile, unsupported),
+            *resharded.cells(profile, unsupported),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]
@@ -272,6 +274,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *full(checkpointing_values(world_size, unsupported), refused),
             *_tensor_parallel(profile, world_size, unsupported),
             *_hybrid(profile, unsupported),
+            *resharded.cells(profile, unsupported),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]

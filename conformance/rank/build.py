@@ -57,6 +57,8 @@ class Recipe:
     dtype: torch.dtype  # the model's: its parameters, its optimizer's state
     # what its forward and backward compute in: the model's dtype, or FSDP2's mixed precision's
     compute_dtype: torch.dtype
+    # a resharded resume: the folder where the world of ``cell.saved_at`` ranks put its checkpoint
+    checkpoint: str | None = None
 
     @property
     def mixed(self) -> bool:

@@ -8,6 +8,7 @@ every rank (``conformance.rank.entry:run_cell``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -37,11 +38,14 @@ from fixtures.compositions import COMPOSITIONS
 _ROUND_TRIP_KEY = 1_000
 
 
-def run_cell(axes: dict[str, Any], declared: Sequence[str] = (), plain_jit: bool = True) -> dict[str, Any]:
+def run_cell(
+    axes: dict[str, Any], declared: Sequence[str] = (), plain_jit: bool = True, checkpoint: str | None = None
+) -> dict[str, Any]:
     """Every applicable check area's findings on this rank, or why the cell could not be
     built, as JSON for the controller. ``declared``: what the xfails file declares of the
     Thunder under test in this cell (conformance/checks/declared.py); ``plain_jit``: whether
-    to compile plain jit's reference (``matrix.profiles.carries_plain_jit``)."""
+    to compile plain jit's reference (``matrix.profiles.carries_plain_jit``); ``checkpoint``:
+    a resharded resume's folder, where its saving world put the checkpoint."""
     cell = Cell(**axes)
     progress.at("starting the cell")
     if cell.simulated:
@@ -51,7 +55,7 @@ def run_cell(axes: dict[str, Any], declared: Sequence[str] = (), plain_jit: bool
     areas = [area for name, area in AREAS.items() if applies(cell, name)]
     refused = expects_reset_error(cell)  # a negative cell: only its refusal is judged
     try:
-        run = drive(cell, frozenset(declared), plain_jit)
+        run = drive(cell, frozenset(declared), plain_jit, checkpoint)
     except Unsupported as exc:
         return CellResult(unsupported=str(exc)).to_json()
     except TypeError as exc:
@@ -64,13 +68,15 @@ def run_cell(axes: dict[str, Any], declared: Sequence[str] = (), plain_jit: bool
     return CellResult({area.name: judged(area.check, run) for area in areas}, run.timings).to_json()
 
 
-def drive(cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = True) -> CellRecord:
+def drive(
+    cell: Cell, declared: frozenset[str] = frozenset(), plain_jit: bool = True, checkpoint: str | None = None
+) -> CellRecord:
     """Build the cell, record its setup, train it, run its scenario, round-trip its state dict."""
     rank, world = dist.get_rank(), dist.get_world_size()
     clock.restart()
     assert world == cell.world_size, f"cell wants {cell.world_size} ranks, the world has {world}"
     progress.at("building the eager model")
-    parts = recipe(cell, rank_device())
+    parts = dataclasses.replace(recipe(cell, rank_device()), checkpoint=checkpoint)
     eager_model = build_eager_model(parts)
     progress.at("setup")
     composed = compose(parts, eager_model)

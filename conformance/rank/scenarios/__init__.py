@@ -17,6 +17,7 @@ from conformance.rank.build import EagerModel, Recipe
 from conformance.rank.scenarios.accumulate import accumulate
 from conformance.rank.scenarios.infer import infer
 from conformance.rank.scenarios.reshape import reshape
+from conformance.rank.scenarios.resharded import resume_resharded
 from conformance.rank.scenarios.resume import resume
 from conformance.rank.scenarios.resume_dcp import resume_dcp
 
@@ -33,6 +34,8 @@ def run_scenario(
     name: str, recipe: Recipe, eager_model: EagerModel, tm: Any, optimizer: Any, rank: int, world: int
 ) -> ScenarioRecord | None:
     """The record of scenario ``name`` after training, None for training alone."""
+    if recipe.cell.saved_at is not None:  # a checkpoint another world size took
+        return resume_resharded(recipe, eager_model, tm, optimizer, rank, world)
     table = {**SCENARIOS, **UNDER_TORCH_PARALLELISM} if recipe.composition.parallelism == "torch" else SCENARIOS
     scenario = table.get(name)
     return None if scenario is None else scenario(recipe, eager_model, tm, optimizer, rank, world)

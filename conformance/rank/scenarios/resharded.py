@@ -1,0 +1,139 @@
+"""``resume`` at another world size (conformance/matrix/resharded.py): a checkpoint taken after
+training in a world of ``saved_at`` ranks, loaded into a fresh composition at the cell's
+world size, must resume training bit for bit where a composition at that size handed the same
+state by the kit goes.
+
+The saving world runs ``save``, a task of its own: it trains the cell as the cell's own world
+trains it, takes the full checkpoint through ``thunder.distributed.checkpoint`` (every
+parameter whole, eager's names; ``original_state_dict()`` standing in where
+``get_model_state_dict`` raises, as in ``resume``), saves it with that module's ``save``, and
+writes beside it the kit's own gathering at the same moment: every parameter whole, the
+buffers, and AdamW's state with each moment gathered whole as its parameter is.
+
+The resuming world runs ``resume_resharded`` as the cell's scenario: the checkpoint is read
+(``load``) into a fresh composition's template and loaded with ``load_model_state_dict``; a
+second fresh composition is loaded, the same way, with the kit's gathering instead. Thunder
+offers no optimizer checkpoint, so both AdamWs are handed the saving world's moments cut for
+this world as Thunder's FSDP cuts parameters (the kit's resharding, the same for both). Then
+both take ``RESUME_STEPS`` AdamW steps on the same batches: weights after loading, and every
+output, gradient and weight after, must be equal exactly (one program on the same values).
+What the checkpoint read back holds is held to the kit's gathering too, exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from conformance.checks.checkpoint_record import Resumed
+from conformance.checks.record import ScenarioRecord
+from conformance.matrix.cells import Cell
+from conformance.rank import progress
+from conformance.rank.build import EagerModel, Recipe, build_eager_model, compose, recipe
+from conformance.rank.gather import local_copies, rank_device, shard, unshard
+from conformance.rank.scenarios.resume import _clones, _take, resumed_beside, truth_of
+from conformance.rank.train import train
+from fixtures.optimizers import OPTIMIZERS
+
+CHECKPOINT = "full"  # the checkpoint's folder, as thunder.distributed.checkpoint.save wrote it
+GATHERED = "gathered.pt"  # the kit's gathering at the saving world's moment (its rank 0 writes it)
+Tensors = dict[str, torch.Tensor]
+
+
+def save(axes: dict[str, Any], directory: str) -> dict[str, Any]:
+    """The saving world's task: train the cell at this world's size, then write its full
+    checkpoint and the kit's gathering into ``directory``. What Thunder raised taking or saving
+    it is written for the resuming world (``rank{r}.json``), which records it as the cell's
+    finding; what it raised building or training fails this task, and with it the cell."""
+    cell = Cell(**axes)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert world == cell.world_size, f"the checkpoint is taken at {cell.world_size} ranks, the world has {world}"
+    progress.at("building the eager model")
+    parts = recipe(cell, rank_device())
+    eager_model = build_eager_model(parts)
+    progress.at("setup")
+    tm = compose(parts, eager_model).thunder_module
+    progress.at("training")
+    optimizer = train(parts, eager_model, tm, rank, world).optimizer
+    progress.at("taking the checkpoint")
+    folder = Path(directory)
+    gathered = {
+        "state": truth_of("full", eager_model, tm, rank, world),
+        "optimizer": _moments(eager_model, tm, optimizer),
+    }
+    taken = {"api_error": None, "error": None}
+    try:
+        from thunder.distributed.checkpoint import StateDictOptions
+        from thunder.distributed.checkpoint import save as save_checkpoint
+
+        state, taken["api_error"] = _take(tm, StateDictOptions(full_state_dict=True, cpu_offload=True), rank)
+        save_checkpoint(state, folder / CHECKPOINT)
+    except Exception as exc:  # Thunder's own calls: the resuming world's finding
+        taken["error"] = f"{type(exc).__name__}: {exc}"
+    (folder / f"rank{rank}.json").write_text(json.dumps(taken))
+    if rank == 0:
+        torch.save(gathered, folder / GATHERED)
+    dist.barrier()
+    return {"saved": str(folder)}
+
+
+def resume_resharded(
+    recipe: Recipe, eager_model: EagerModel, tm: Any, optimizer: Any, rank: int, world: int
+) -> ScenarioRecord:
+    """The resuming world's scenario: the checkpoint the saving world wrote, loaded here and
+    resumed beside a composition handed the kit's gathering (``tm`` and ``optimizer``, this
+    world's own training, are not what resumes)."""
+    from thunder.distributed.checkpoint import StateDictOptions, load, load_model_state_dict
+
+    assert recipe.checkpoint is not None and recipe.cell.saved_at is not None
+    folder = Path(recipe.checkpoint)
+    saved_at = recipe.cell.saved_at
+    gathered = torch.load(folder / GATHERED, weights_only=True)
+    taken = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(saved_at)]
+    record = Resumed("full", taken={}, truth=gathered["state"], api_error=taken[0]["api_error"])
+    if errors := [t["error"] for t in taken if t["error"] is not None]:
+        record.error = f"taking or saving it at {saved_at} ranks: {errors[0]}"
+        return ScenarioRecord("resume", resumed=[record])
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    try:
+        fresh = compose(recipe, eager_model).thunder_module
+        reference = compose(recipe, eager_model).thunder_module
+        template = _clones(_take(fresh, options, rank)[0])
+        load(template, folder / CHECKPOINT)
+        record.taken = local_copies(template)
+        load_model_state_dict(template, fresh, options, rank)
+        load_model_state_dict(_clones(gathered["state"]), reference, options, rank)
+        modules = (fresh, reference)
+        optimizers = [OPTIMIZERS["AdamW"].make(m.parameters()) for m in modules]
+        for o, m in zip(optimizers, modules, strict=True):
+            _hand_moments(o, m, gathered["optimizer"], rank, world)
+        resumed_beside(record, recipe, eager_model, modules, optimizers, {}, set(), rank, world)
+    except Exception as exc:  # Thunder's own calls: what it raises is a finding, not the end of the cell
+        record.error = f"{type(exc).__name__}: {exc}"
+    return ScenarioRecord("resume", resumed=[record])
+
+
+def _moments(eager_model: EagerModel, tm: Any, optimizer: Any) -> Tensors:
+    """AdamW's state by "<parameter> <key>" under eager's names: each moment gathered whole
+    from this world's shards (it is shaped as its parameter's shard), the step as it is."""
+    out: Tensors = {}
+    for name, shape in eager_model.shapes.items():
+        state = optimizer.state.get(tm.get_parameter(name), {})
+        for key, value in sorted(state.items()):
+            value = torch.as_tensor(value)
+            out[f"{name} {key}"] = value.detach().cpu().clone() if value.dim() == 0 else unshard(value, shape)
+    return out
+
+
+def _hand_moments(optimizer: Any, module: Any, moments: Tensors, rank: int, world: int) -> None:
+    """``moments`` (``_moments``' whole ones) into ``optimizer``'s state, each cut into this
+    rank's shard of this world as its parameter is."""
+    for named, value in moments.items():
+        name, key = named.split(" ", 1)
+        p = module.get_parameter(name)
+        piece = value.clone() if value.dim() == 0 else shard(value, rank, world).to(p.device, p.dtype)
+        optimizer.state[p][key] = piece
