@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -141,6 +140,10 @@ class Runner:
         # tests swap in faults and planted bugs
         self.probe_task = protocol.Task(PROBE)
         self.cell_task: Callable[[Cell], protocol.Task] = lambda cell: protocol.Task(RUN_CELL, self.cell_payload(cell))
+        # a resharded resume's saving world's task (the kit's tests plant bugs in it too)
+        self.save_task: Callable[[Cell], protocol.Task] = lambda cell: protocol.Task(
+            SAVE_RESHARDED, self.save_payload(cell)
+        )
 
     @property
     def cells(self) -> list[Cell]:
@@ -251,10 +254,7 @@ class Runner:
                     self.outcomes[cell.id] = saving
                     return saving
             world = self.world(*world_of(cell))
-            task = self.cell_task(cell)
-            if checkpoint is not None:
-                task = protocol.Task(task.fn, {**task.kwargs, "checkpoint": checkpoint})
-            outcome = world.run(self.traced(task, cell.id), self.config.cell_timeout)
+            outcome = world.run(self.traced(self.cell_task(cell), cell.id), self.config.cell_timeout)
             if checkpoint is not None:
                 shutil.rmtree(checkpoint, ignore_errors=True)
                 outcome.duration += saving.duration
@@ -272,10 +272,10 @@ class Runner:
         world of ``saved_at`` ranks, into a folder every rank of this machine sees (a
         resharded cell is refused across machines: ``_refusal``). The folder and that task's
         outcome."""
-        self.base_dir.mkdir(parents=True, exist_ok=True)
-        directory = tempfile.mkdtemp(prefix="kit-resharded-", dir=self.base_dir)
-        saving = dataclasses.replace(cell, world_size=cell.saved_at, saved_at=None)
-        task = protocol.Task(SAVE_RESHARDED, {"axes": saving.axes(), "directory": directory})
+        directory = self.checkpoint_folder(cell)
+        shutil.rmtree(directory, ignore_errors=True)  # an earlier run's, stopped before it was removed
+        os.makedirs(directory)
+        task = self.save_task(cell)
         outcome = self.world(cell.saved_at).run(self.traced(task, cell.id), self.config.cell_timeout)
         if not self.session.isolate:
             return directory, outcome
@@ -296,7 +296,21 @@ class Runner:
         Thunder under test there (conformance/checks/declared.py), and whether the profile
         has it compile plain jit's reference."""
         declared = xfails.declared(self.expectations, cell, self.thunder_version, self.session.backend)
-        return {"axes": cell.axes(), "declared": declared, "plain_jit": carries_plain_jit(self.session.profile, cell)}
+        plain_jit = carries_plain_jit(self.session.profile, cell)
+        payload: dict[str, Any] = {"axes": cell.axes(), "declared": declared, "plain_jit": plain_jit}
+        if cell.saved_at is not None:
+            payload["checkpoint"] = self.checkpoint_folder(cell)
+        return payload
+
+    def save_payload(self, cell: Cell) -> dict[str, Any]:
+        """What a rank of a resharded resume's saving world is handed: the cell at the size it
+        is saved at, and the folder to write into."""
+        saving = dataclasses.replace(cell, world_size=cell.saved_at, saved_at=None)
+        return {"axes": saving.axes(), "directory": self.checkpoint_folder(cell)}
+
+    def checkpoint_folder(self, cell: Cell) -> str:
+        """Where a resharded resume's saving world writes its checkpoint, for the cell's world."""
+        return str(self.base_dir / "resharded" / cell.id)
 
     def known(self, cell: Cell, area: str) -> list[xfails.Expectation]:
         """The xfails entries that cover ``cell`` in ``area`` for the Thunder under test."""

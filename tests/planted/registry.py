@@ -42,10 +42,18 @@ BUGS: dict[str, PlantedBug] = {bug.name: bug for bug in RECORDS}
 
 
 def run_cell_with_bug(
-    bug: str, axes: dict[str, Any], declared: Sequence[str] = (), plain_jit: bool = True
+    bug: str, axes: dict[str, Any], declared: Sequence[str] = (), plain_jit: bool = True, checkpoint: str | None = None
 ) -> dict[str, Any]:
     from conformance.rank import plain_jit
     from conformance.rank.entry import run_cell
 
     with plain_jit.variant(bug), BUGS[bug].patch():
-        return run_cell(axes, declared, plain_jit)
+        return run_cell(axes, declared, plain_jit, checkpoint)
+
+
+def save_with_bug(bug: str, axes: dict[str, Any], directory: str) -> dict[str, Any]:
+    """A resharded resume's saving world, the bug planted there too."""
+    from conformance.rank.scenarios.resharded import save
+
+    with BUGS[bug].patch():
+        return save(axes, directory)

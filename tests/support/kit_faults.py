@@ -73,12 +73,16 @@ LOST_AT_ENV = "CONFORMANCE_LOST_AT"
 
 
 def run_cell_with_fault(
-    fault: str, axes: dict[str, Any], declared: Sequence[str] = (), plain_jit: bool = True
+    fault: str,
+    axes: dict[str, Any],
+    declared: Sequence[str] = (),
+    plain_jit: bool = True,
+    checkpoint: str | None = None,
 ) -> dict[str, Any]:
     from conformance.rank.entry import run_cell
 
     with FAULTS[fault]():
-        return run_cell(axes, declared, plain_jit)
+        return run_cell(axes, declared, plain_jit, checkpoint)
 
 
 # Faults of the composition probe (plant_plugin swaps the probe's task, not the cell's).

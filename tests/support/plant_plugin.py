@@ -83,3 +83,6 @@ def pytest_configure(config: pytest.Config) -> None:
     runner.cell_task = lambda cell: protocol.Task(
         "tests.planted.registry:run_cell_with_bug", {"bug": bug, **runner.cell_payload(cell)}
     )
+    runner.save_task = lambda cell: protocol.Task(
+        "tests.planted.registry:save_with_bug", {"bug": bug, **runner.save_payload(cell)}
+    )

@@ -129,14 +129,21 @@ def test_junit_carries_each_cells_axes(suite: SuiteRun) -> None:
     for case in cases:
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         simulated = case.get("name").endswith("sim]")  # a simulated cell says so in its axes too
+        resharded = re.search(r"-ws\d+to\d+\]$", case.get("name")) is not None  # and a resharded resume
         axes = set(json.loads(props["axes"])) - set(QUIET_DEFAULTS)  # written where not at their default
-        assert axes == set(AXES) - set(QUIET_DEFAULTS) | ({"simulated"} if simulated else set())
+        extra = {"simulated"} if simulated else {"saved_at"} if resharded else set()
+        assert axes == set(AXES) - set(QUIET_DEFAULTS) | extra
 
 
 def ended_early(item: dict) -> bool:
     """Whether the cell's task did not end on every rank (a rank raised, died or was aborted):
     such a rank has a status but no findings of the item's area."""
     return any(r["status"] != "passed" and "failures" not in r for r in item["ranks"])
+
+
+def worlds_of(cell: Cell) -> list[tuple[int, bool]]:
+    """The worlds a cell's task runs on, in order (as the runner's ``world_keys``)."""
+    return [*([(cell.saved_at, False)] if cell.saved_at is not None else []), world_of(cell)]
 
 
 def planned_starts(items: list[dict]) -> int:
@@ -146,17 +153,20 @@ def planned_starts(items: list[dict]) -> int:
     not end on every rank had (the controller never reuses a world after one: a raise may leave
     a collective half done), and never one a cell's findings closed."""
     ran = [i for i in items if "axes" in i and i["outcome"] != "unsupported"]
-    keys = [(world_of(Cell(**i["axes"])), i["id"]) for i in ran]
+    # a resharded resume's saving world first, then the cell's own
+    keys = [(worlds_of(Cell(**i["axes"])), i["id"]) for i in ran]
     broke = {i["id"] for i in ran if ended_early(i)}
     lifetimes = Lifetimes(max_idle=1, foresight=True)
-    lifetimes.plan((item, key) for key, item in keys)
+    lifetimes.plan((item, key) for needed, item in keys for key in needed)
     open_worlds, started = {(2, False)}, 1  # the composition probe's
     run_cells: set[str] = set()
-    for (key, item), cell in zip(keys, (i["cell"] for i in ran), strict=True):
-        lifetimes.used(key)
-        if cell not in run_cells and key not in open_worlds:  # a cell's later areas read its task's answers
-            open_worlds.add(key)
-            started += 1
+    for (needed, item), cell in zip(keys, (i["cell"] for i in ran), strict=True):
+        for key in needed:
+            lifetimes.used(key)
+            if cell not in run_cells and key not in open_worlds:  # a cell's later areas read its task's answers
+                open_worlds.add(key)
+                started += 1
+        key = needed[-1]
         run_cells.add(cell)
         if item in broke:
             open_worlds.discard(key)
