@@ -18,6 +18,13 @@ this world as Thunder's FSDP cuts parameters (the kit's resharding, the same for
 both take ``RESUME_STEPS`` AdamW steps on the same batches: weights after loading, and every
 output, gradient and weight after, must be equal exactly (one program on the same values).
 What the checkpoint read back holds is held to the kit's gathering too, exactly.
+
+Under PyTorch's FSDP2 (``thunderfx_fsdp2``) the checkpoint is DCP's, as in ``resume_dcp``:
+``get_state_dict`` of the model and its AdamW (each rank's DTensor shards) and ``dcp.save`` at
+``saved_at`` ranks; ``dcp.load`` into a fresh composition's state dicts and ``set_state_dict``
+at this size, DCP resharding both. The second composition is handed the kit's gathering as a
+full state dict (``set_model_state_dict``, as its setup loads one) and the moments distributed
+as its parameters are.
 """
 
 from __future__ import annotations
@@ -36,7 +43,10 @@ from conformance.rank import progress
 from conformance.rank.build import EagerModel, Recipe, build_eager_model, compose, recipe
 from conformance.rank.gather import local_copies, rank_device, shard, unshard
 from conformance.rank.scenarios.resume import _clones, _take, resumed_beside, truth_of
+from conformance.rank.scenarios.resume_dcp import TAKEN_BY as DCP_TAKEN_BY
+from conformance.rank.scenarios.resume_dcp import whole
 from conformance.rank.train import train
+from fixtures import torch_parallel as tp
 from fixtures.optimizers import OPTIMIZERS
 
 CHECKPOINT = "full"  # the checkpoint's folder, as thunder.distributed.checkpoint.save wrote it
@@ -65,14 +75,17 @@ def save(axes: dict[str, Any], directory: str) -> dict[str, Any]:
         "state": truth_of("full", eager_model, tm, rank, world),
         "optimizer": _moments(eager_model, tm, optimizer),
     }
-    taken = {"api_error": None, "error": None}
+    taken: dict[str, str | None] = {"api_error": None, "error": None}
     try:
-        from thunder.distributed.checkpoint import StateDictOptions
-        from thunder.distributed.checkpoint import save as save_checkpoint
+        if parts.composition.parallelism == "torch":
+            _save_dcp(tm, optimizer, folder / CHECKPOINT, taken)
+        else:
+            from thunder.distributed.checkpoint import StateDictOptions
+            from thunder.distributed.checkpoint import save as save_checkpoint
 
-        state, taken["api_error"] = _take(tm, StateDictOptions(full_state_dict=True, cpu_offload=True), rank)
-        save_checkpoint(state, folder / CHECKPOINT)
-    except Exception as exc:  # Thunder's own calls: the resuming world's finding
+            state, taken["api_error"] = _take(tm, StateDictOptions(full_state_dict=True, cpu_offload=True), rank)
+            save_checkpoint(state, folder / CHECKPOINT)
+    except Exception as exc:  # Thunder's own calls (or DCP's over its modules): the resuming world's finding
         taken["error"] = f"{type(exc).__name__}: {exc}"
     (folder / f"rank{rank}.json").write_text(json.dumps(taken))
     if rank == 0:
@@ -87,53 +100,126 @@ def resume_resharded(
     """The resuming world's scenario: the checkpoint the saving world wrote, loaded here and
     resumed beside a composition handed the kit's gathering (``tm`` and ``optimizer``, this
     world's own training, are not what resumes)."""
-    from thunder.distributed.checkpoint import StateDictOptions, load, load_model_state_dict
-
     assert recipe.checkpoint is not None and recipe.cell.saved_at is not None
     folder = Path(recipe.checkpoint)
     saved_at = recipe.cell.saved_at
     gathered = torch.load(folder / GATHERED, weights_only=True)
     taken = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(saved_at)]
-    record = Resumed("full", taken={}, truth=gathered["state"], api_error=taken[0]["api_error"])
+    dcp = recipe.composition.parallelism == "torch"
+    # as the same-size resume names them: DCP's checkpoint of FSDP2 is sharded, Thunder's full
+    record = (
+        Resumed("sharded", taken={}, truth=gathered["state"], api_error=taken[0]["api_error"], taken_by=DCP_TAKEN_BY)
+        if dcp
+        else Resumed("full", taken={}, truth=gathered["state"], api_error=taken[0]["api_error"])
+    )
     if errors := [t["error"] for t in taken if t["error"] is not None]:
         record.error = f"taking or saving it at {saved_at} ranks: {errors[0]}"
         return ScenarioRecord("resume", resumed=[record])
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    if dcp and record.api_error is not None:  # DCP took nothing: nothing to resume from (as resume_dcp)
+        return ScenarioRecord("resume", resumed=[record])
     try:
-        fresh = compose(recipe, eager_model).thunder_module
+        load_checkpoint = _load_dcp if dcp else _load_thunders
+        fresh, fresh_optimizer = load_checkpoint(recipe, eager_model, folder / CHECKPOINT, record, rank)
         reference = compose(recipe, eager_model).thunder_module
-        template = _clones(_take(fresh, options, rank)[0])
-        load(template, folder / CHECKPOINT)
-        record.taken = local_copies(template)
-        load_model_state_dict(template, fresh, options, rank)
-        load_model_state_dict(_clones(gathered["state"]), reference, options, rank)
-        modules = (fresh, reference)
-        optimizers = [OPTIMIZERS["AdamW"].make(m.parameters()) for m in modules]
-        for o, m in zip(optimizers, modules, strict=True):
-            _hand_moments(o, m, gathered["optimizer"], rank, world)
+        if dcp:  # as the cell's setup loads a full state dict: broadcast from rank 0
+            state = _every_name(gathered["state"], eager_model.module)
+            tp.load_full_state_dict(reference.model, state if rank == 0 else {})
+        else:
+            from thunder.distributed.checkpoint import StateDictOptions, load_model_state_dict
+
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            load_model_state_dict(_clones(gathered["state"]), reference, options, rank)
+        reference_optimizer = OPTIMIZERS["AdamW"].make(reference.parameters())
+        _hand_moments(reference_optimizer, reference, gathered["optimizer"], rank, world)
+        if not dcp:  # Thunder offers no optimizer checkpoint: the kit's resharding for both
+            _hand_moments(fresh_optimizer, fresh, gathered["optimizer"], rank, world)
+        modules, optimizers = (fresh, reference), [fresh_optimizer, reference_optimizer]
         resumed_beside(record, recipe, eager_model, modules, optimizers, {}, set(), rank, world)
     except Exception as exc:  # Thunder's own calls: what it raises is a finding, not the end of the cell
         record.error = f"{type(exc).__name__}: {exc}"
     return ScenarioRecord("resume", resumed=[record])
 
 
+def _load_thunders(recipe: Recipe, eager_model: EagerModel, path: Path, record: Resumed, rank: int) -> tuple[Any, Any]:
+    """A fresh composition with Thunder's full checkpoint at ``path`` loaded (what was read
+    into ``record.taken``), and a fresh AdamW for it."""
+    from thunder.distributed.checkpoint import StateDictOptions, load, load_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    fresh = compose(recipe, eager_model).thunder_module
+    template = _clones(_take(fresh, options, rank)[0])
+    load(template, path)
+    record.taken = local_copies(template)
+    load_model_state_dict(template, fresh, options, rank)
+    return fresh, OPTIMIZERS["AdamW"].make(fresh.parameters())
+
+
+def _every_name(state: Tensors, module: torch.nn.Module) -> Tensors:
+    """``state`` (one name per tied group, as the kit gathers) under every name ``module``'s
+    state dict has, a tied weight's each given its value (as DCP's full state dict wants)."""
+    named = module.state_dict(keep_vars=True)
+    first = {t.data_ptr(): n for n, t in named.items() if n in state}
+    return {n: state[first[t.data_ptr()]].clone() for n, t in named.items() if t.data_ptr() in first}
+
+
+def _save_dcp(tm: Any, optimizer: Any, path: Path, taken: dict[str, str | None]) -> None:
+    """DCP's sharded checkpoint of the model and its AdamW at ``path`` (``resume_dcp``'s)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    try:
+        model_state, optimizer_state = get_state_dict(tm.model, optimizer)
+    except Exception as exc:  # DCP over a model holding ThunderModules: a finding, named
+        taken["api_error"] = f"{type(exc).__name__}: {exc}"
+        return
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))
+
+
+def _load_dcp(recipe: Recipe, eager_model: EagerModel, path: Path, record: Resumed, rank: int) -> tuple[Any, Any]:
+    """A fresh composition and its AdamW, DCP's checkpoint at ``path`` loaded into both (DCP
+    reshards what another world size saved); what it read into ``record.taken``, whole."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    fresh = compose(recipe, eager_model).thunder_module
+    fresh_optimizer = OPTIMIZERS["AdamW"].make(fresh.parameters())
+    model_target, optimizer_target = get_state_dict(fresh.model, fresh_optimizer)
+    target = {"model": model_target, "optimizer": optimizer_target}
+    dcp.load(target, checkpoint_id=str(path))
+    record.taken = whole(target["model"])
+    set_state_dict(fresh.model, fresh_optimizer, model_state_dict=target["model"], optim_state_dict=target["optimizer"])
+    return fresh, fresh_optimizer
+
+
 def _moments(eager_model: EagerModel, tm: Any, optimizer: Any) -> Tensors:
     """AdamW's state by "<parameter> <key>" under eager's names: each moment gathered whole
     from this world's shards (it is shaped as its parameter's shard), the step as it is."""
+    from torch.distributed.tensor import DTensor
+
     out: Tensors = {}
     for name, shape in eager_model.shapes.items():
         state = optimizer.state.get(tm.get_parameter(name), {})
         for key, value in sorted(state.items()):
-            value = torch.as_tensor(value)
-            out[f"{name} {key}"] = value.detach().cpu().clone() if value.dim() == 0 else unshard(value, shape)
+            if isinstance(value, DTensor):  # FSDP2's moments: DTensor's own collective
+                value = value.full_tensor()
+            elif (value := torch.as_tensor(value)).dim() > 0:
+                value = unshard(value, shape)
+            out[f"{name} {key}"] = value.detach().cpu().clone()
     return out
 
 
 def _hand_moments(optimizer: Any, module: Any, moments: Tensors, rank: int, world: int) -> None:
     """``moments`` (``_moments``' whole ones) into ``optimizer``'s state, each cut into this
     rank's shard of this world as its parameter is."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
     for named, value in moments.items():
         name, key = named.split(" ", 1)
         p = module.get_parameter(name)
-        piece = value.clone() if value.dim() == 0 else shard(value, rank, world).to(p.device, p.dtype)
+        if value.dim() == 0:
+            piece = value.clone()
+        elif isinstance(p, DTensor):  # FSDP2's: laid out as its parameter is
+            piece = distribute_tensor(value.to(p.device, p.dtype), p.device_mesh, p.placements)
+        else:
+            piece = shard(value, rank, world).to(p.device, p.dtype)
         optimizer.state[p][key] = piece

@@ -54,7 +54,7 @@ def _round_trip(
     except Exception as exc:  # DCP over a model holding ThunderModules: a finding, named
         return Resumed(kind, taken={}, truth={}, api_error=f"{type(exc).__name__}: {exc}", taken_by=TAKEN_BY)
     record = Resumed(
-        kind, taken=_whole(model_state), truth=truth_of("full", eager_model, tm, rank, world), taken_by=TAKEN_BY
+        kind, taken=whole(model_state), truth=truth_of("full", eager_model, tm, rank, world), taken_by=TAKEN_BY
     )
     unlike = unlike_on_ranks(tm)
     try:
@@ -69,7 +69,7 @@ def _round_trip(
         set_state_dict(
             fresh.model, fresh_optimizer, model_state_dict=target["model"], optim_state_dict=target["optimizer"]
         )
-        loaded = {n: t for n, t in _whole(target["model"]).items() if n in unlike}
+        loaded = {n: t for n, t in whole(target["model"]).items() if n in unlike}
         optimizers = [fresh_optimizer, optimizer]
         resumed_beside(record, recipe, eager_model, (fresh, tm), optimizers, loaded, unlike, rank, world)
     except Exception as exc:  # Thunder's modules under DCP: what it raises is a finding, not the end of the cell
@@ -77,7 +77,7 @@ def _round_trip(
     return record
 
 
-def _whole(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+def whole(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     """CPU copies of a state dict's tensors, a DTensor gathered whole (every rank calls this
     with the same keys in the same order, as DCP's state dicts have them)."""
     from torch.distributed.tensor import DTensor
