@@ -242,7 +242,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *_checkpointing_ci(world_size, unsupported),
             *_tensor_parallel(profile, world_size, unsupported),
             *_hybrid(profile, unsupported),
-            *resharded.cells(profile, unsupported),
+            *(c for c in resharded.cells(profile, unsupported) if valid(dataclasses.asdict(c))),
         ]
     elif profile == "nightly":
         # every triple at the session's size; the boundary sizes get what full gives them
@@ -260,7 +260,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *grown(checkpointing_values(world_size, unsupported), contract=False, refused=refused),
             *_tensor_parallel(profile, world_size, unsupported),
             *_hybrid(profile, unsupported),
-            *resharded.cells(profile, unsupported),
+            *(c for c in resharded.cells(profile, unsupported) if valid(dataclasses.asdict(c))),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]
@@ -274,7 +274,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *full(checkpointing_values(world_size, unsupported), refused),
             *_tensor_parallel(profile, world_size, unsupported),
             *_hybrid(profile, unsupported),
-            *resharded.cells(profile, unsupported),
+            *(c for c in resharded.cells(profile, unsupported) if valid(dataclasses.asdict(c))),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]
