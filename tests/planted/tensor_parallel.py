@@ -52,6 +52,39 @@ def gated_product_reads_the_first_shard() -> Iterator[None]:
         yield
 
 
+@planted(
+    {"collectives": Expect(GATED, words="forward all_gathers: expected 0 | forward all_to_alls: expected 0")},
+    cells=(GATED, UNGATED),
+    parallelisms=frozenset({"tensor"}),
+)
+@contextlib.contextmanager
+def product_gathered_on_the_wrong_dim() -> Iterator[None]:
+    """Thunder's DTensor multiply hands back its product laid out on dim 0 (``Shard(0)``)
+    where its operands were split on the last dim, as a plan whose column-wise output is
+    gathered and re-split on the wrong dim: the values are right, so the row-wise Linear
+    after it computes what it should, but only once DTensor has moved the product back
+    (collectives the plan never asks for). Numerics cannot see it; the collectives must."""
+    from thunder.torch.experimental import dtensor_torch_and_prims as prims
+    from torch.distributed.tensor import DTensor, Shard
+
+    call_ctx = _call_ctx(prims.dtensor_mul_prim_impl)
+    (name,) = call_ctx
+    original = call_ctx[name]
+
+    def wrong_dim(a: Any, b: Any) -> Any:
+        out = original(a, b)
+        if not isinstance(out, DTensor) or out.placements != (Shard(out.dim() - 1),):
+            return out
+        return out.redistribute(out.device_mesh, [Shard(0)])
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(call_ctx, name, wrong_dim)
+        # the row-wise Linear's graph recompiles for its input's new layout, and inductor's FX
+        # graph cache then fails evaluating its own guards (NameError: torch 2.10's, on the pin)
+        mp.setattr("torch._inductor.config.fx_graph_cache", False)
+        yield
+
+
 def _call_ctx(operator: Any) -> dict[str, Any]:
     """The name -> function that Thunder's executor binds a registered operator to when a trace
     calls it (``OperatorExecutor.register_operator``'s ``call_ctx``, held by its bind hook)."""
