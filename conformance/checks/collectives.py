@@ -38,15 +38,19 @@ from conformance.checks.findings import Failure, Findings
 from conformance.checks.record import CellRecord, Issued, SimulatedRecord, TensorParallelRecord
 from conformance.checks.reductions import REDUCING, bytes_derived, judge_backward
 from conformance.checks.storages import distinct_storages, padded_bytes
-from conformance.checks.traces import KINDS, MISSING, collective_symbols, issued
-from fixtures.compositions import COMPOSITIONS
+from conformance.checks.traces import KINDS, MISSING, collective_symbols, group_ranks, issued
+from fixtures.compositions import COMPOSITIONS, FSDP_WIDTH, shard_ranks
 from fixtures.options import MICRO_STEPS, MIXED
 from transforms.policies import proxy_bytes
 
 
 def expected_counts(
-    module: torch.nn.Module, sharding: str, bucketing: str, replicated: bool = False
+    module: torch.nn.Module, sharding: str, bucketing: str, replicated: bool = False, hybrid: bool = False
 ) -> dict[str, dict[str, int]]:
+    """Per phase and kind, how many collectives a training step's traces hold. ``hybrid``:
+    FSDP's within a row of the mesh, then each gradient shard a row reduced is averaged across
+    the rows, one all-reduce per reduce-scatter (the plugin's DDP transform over the shards;
+    on the pin it buckets none of them: calibrated there, see docs/checks/collectives.md)."""
     if replicated:  # DDP: nothing gathered, one all-reduce per bucket of gradients
         return {
             "forward": {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0},
@@ -59,9 +63,35 @@ def expected_counts(
         "backward": {
             "all_gather": storages if sharding == "zero3" else 0,
             "reduce_scatter": trainable,
-            "all_reduce": 0,
+            "all_reduce": trainable if hybrid else 0,
         },
     }
+
+
+def judge_hybrid(
+    found: Findings, symbols: dict[str, dict[str, list[Any]]], module: torch.nn.Module, rank: int, world: int
+) -> None:
+    """Hybrid sharding's collectives by group: FSDP's all-gathers and reduce-scatters within
+    this rank's row of the mesh, DDP's all-reduces across its column (``hybrid_mesh``'s
+    layout, from the rank and the world size), and the all-reduced bytes one shard of every
+    trainable storage (what the row's reduce-scatter left this rank)."""
+    row = shard_ranks(rank, world)
+    column = tuple(r for r in range(world) if r % FSDP_WIDTH == rank % FSDP_WIDTH)
+    wanted = {"all_gather": ("row", row), "reduce_scatter": ("row", row), "all_reduce": ("column", column)}
+    for phase, by_kind in symbols.items():
+        for kind, bsyms in by_kind.items():
+            where, ranks = wanted[kind]
+            groups = sorted({group_ranks(b) or () for b in bsyms})
+            wrong = [list(g) for g in groups if g != ranks]
+            label = f"{phase} {kind} groups"
+            found.metrics[label] = [list(g) for g in groups]
+            with found.expect("collectives.group", label, phase=phase, kind=kind, wrong=wrong):
+                assert not wrong, f"issued on ranks {wrong}, expected this rank's {where} of the mesh {list(ranks)}"
+    if "backward" in symbols:
+        shards = sum(padded_bytes(p, FSDP_WIDTH) for p in distinct_storages(module, trainable_only=True).values())
+        want = shards // FSDP_WIDTH
+        got = sum(proxy_bytes(b.flat_proxy_args[0]) for b in symbols["backward"]["all_reduce"] if b.flat_proxy_args)
+        found.equal("collectives.bytes", "backward all-reduced bytes", got, want, phase="backward", kind="all_reduce")
 
 
 # (key, annotation, (sharding, bucketing) -> the alternative's (sharding, bucketing)), in the
@@ -129,7 +159,8 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
     found.metrics[SEQUENCE] = in_order
     found.metrics[f"{SEQUENCE} digest"] = hashlib.sha1("\n".join(in_order).encode()).hexdigest()[:16]
     replicated = COMPOSITIONS[cell.composition].replicated
-    expected = expected_counts(run.eager_model, cell.sharding, cell.bucketing, replicated)
+    hybrid = COMPOSITIONS[cell.composition].hybrid
+    expected = expected_counts(run.eager_model, cell.sharding, cell.bucketing, replicated, hybrid)
     alternatives = alternative_counts(run.eager_model, cell.sharding, cell.bucketing, replicated)
     references = reference_counts(run.eager_model, cell.sharding, cell.bucketing, replicated)
     for phase, found_in in symbols.items():
@@ -144,7 +175,10 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
         twice = sorted(name for name, n in gathered.items() if n > 1)
         with found.expect("collectives.gathered_twice", f"{phase} gathers each storage once", phase=phase, names=twice):
             assert not twice, f"gathered more than once: {twice}"
-    world = cell.world_size
+    # hybrid sharding shards within a row of the mesh: FSDP's arithmetic is the row's
+    world = FSDP_WIDTH if hybrid else cell.world_size
+    if hybrid:
+        judge_hybrid(found, symbols, run.eager_model, run.rank, cell.world_size)
     storages = distinct_storages(run.eager_model).values()
     gathered_bytes = 0 if replicated else sum(padded_bytes(p, world) for p in storages)
     if "forward" in symbols:
@@ -442,6 +476,7 @@ AREA = Area(
     parallelisms=frozenset({"thunder", "torch"}),
     simulated=check,
     tensor_parallel=check_tensor_parallel,
+    hybrid=True,
     across_ranks=sequences_differ,
     per_rank_omits=frozenset({SEQUENCE}),
 )

@@ -72,6 +72,15 @@ def issued(trace: Any) -> list[tuple[str, Any]]:
     return found
 
 
+def group_ranks(bsym: Any) -> tuple[int, ...] | None:
+    """The global ranks of the process group a collective's bound symbol issues on (its
+    ``ProcessGroup`` argument), None where it names none."""
+    import torch.distributed as dist
+
+    group = next((a for a in bsym.flat_args if isinstance(a, dist.ProcessGroup)), None)
+    return None if group is None else tuple(dist.get_process_group_ranks(group))
+
+
 def collective_symbols(trace: Any) -> dict[str, list[Any]]:
     """``issued`` by kind."""
     by_kind: dict[str, list[Any]] = {k: [] for k in KINDS}

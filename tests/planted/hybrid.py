@@ -1,7 +1,7 @@
 """Bugs planted in Thunder's hybrid sharding (the FSDP plugin over a ("ddp", "fsdp") mesh). On
 the pin every hybrid cell raises at setup, so each bug is planted on the fix that lets it set up
 (``tests.planted.fixes.mapped_hybrid``): what a Thunder that fixed the raise could still get
-wrong, caught by numerics, the one area that judges hybrid cells so far."""
+wrong, caught by numerics and by the collectives' groups."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ HYBRID: Pred = lambda cell: cell.composition == "jit_hybrid"  # noqa: E731
 
 
 @planted(
-    {"numerics": Expect(HYBRID, words="gradients")},
+    {
+        "numerics": Expect(HYBRID, words="gradients"),
+        "collectives": Expect(HYBRID, words="backward all_reduce groups"),
+    },
     cells=(HYBRID, lambda c: not HYBRID(c) and c.composition == "plugins_fsdp"),
     at_raises=True,
 )
