@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterator
 
-from conformance.matrix.cells import Cell
+from conformance.matrix.cells import DEFAULT_EXECUTORS, Cell
 
 # (saved at, resumed at): to more ranks, to fewer, and to half (rows of the model's uneven
 # shards at 3 move to other ranks at 2 and 4)
@@ -59,13 +59,17 @@ def cells(profile: str, unsupported: Collection[str]) -> Iterator[Cell]:
     """The profile's resharded resumes: ci's hand-picked ones; every pair, model and
     composition elsewhere (each model with its last tie; the profile drops those ``axes.valid``
     refuses)."""
+    from fixtures.compositions import pairing
     from fixtures.models import MODELS as FIXTURES
 
+    def refused(composition: str) -> bool:  # the composition, or it with the default executors
+        return composition in unsupported or pairing(composition, DEFAULT_EXECUTORS) in unsupported
+
     if profile == "ci":
-        yield from (c for c in CI if c.composition not in unsupported)
+        yield from (c for c in CI if not refused(c.composition))
         return
     for composition in COMPOSITIONS:
-        if composition in unsupported:
+        if refused(composition):
             continue
         for model in MODELS:
             tie = FIXTURES[model].ties[-1]

@@ -12,6 +12,7 @@ from conformance.matrix.axes import cell_from_axes, valid
 from conformance.matrix.cells import Cell
 from conformance.matrix.cost import expected_seconds
 from conformance.matrix.profiles import cells
+from fixtures.compositions import pairing
 from fixtures.models import MODELS
 
 RESUMED = Cell("mlp", "real", "jit_fsdp", scenario="resume", world_size=3, saved_at=2)
@@ -66,8 +67,10 @@ def test_nightly_and_full_carry_every_pair_model_and_composition(profile: str) -
     assert {c for c, *_ in carried} == set(resharded.COMPOSITIONS)
 
 
-def test_an_unsupported_composition_carries_no_resharded_cell() -> None:
-    assert not [c for c in cells("ci", 2, {"jit_fsdp": "absent"}) if c.saved_at and c.composition == "jit_fsdp"]
+@pytest.mark.parametrize("refused", ["jit_fsdp", pairing("jit_fsdp", "default")])
+@pytest.mark.parametrize("profile", ["ci", "nightly"])
+def test_an_unsupported_composition_carries_no_resharded_cell(refused: str, profile: str) -> None:
+    assert not [c for c in cells(profile, 2, {refused: "absent"}) if c.saved_at and c.composition == "jit_fsdp"]
 
 
 def test_the_saving_world_is_charged_to_the_cells_expected_time() -> None:

@@ -40,7 +40,7 @@ from conformance.checks.checkpoint_record import Resumed
 from conformance.checks.record import ScenarioRecord
 from conformance.matrix.cells import Cell
 from conformance.rank import progress
-from conformance.rank.build import EagerModel, Recipe, build_eager_model, compose, recipe
+from conformance.rank.build import EagerModel, Recipe, Unsupported, build_eager_model, compose, recipe
 from conformance.rank.gather import local_copies, rank_device, shard, unshard
 from conformance.rank.scenarios.resume import _clones, _take, resumed_beside, truth_of
 from conformance.rank.scenarios.resume_dcp import TAKEN_BY as DCP_TAKEN_BY
@@ -63,7 +63,10 @@ def save(axes: dict[str, Any], directory: str) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == cell.world_size, f"the checkpoint is taken at {cell.world_size} ranks, the world has {world}"
     progress.at("building the eager model")
-    parts = recipe(cell, rank_device())
+    try:
+        parts = recipe(cell, rank_device())
+    except Unsupported as exc:  # the cell's own world says so, as its recipe raises the same
+        return {"unsupported": str(exc)}
     eager_model = build_eager_model(parts)
     progress.at("setup")
     tm = compose(parts, eager_model).thunder_module
