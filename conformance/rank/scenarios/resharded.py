@@ -42,7 +42,7 @@ from conformance.matrix.cells import Cell
 from conformance.rank import progress
 from conformance.rank.build import EagerModel, Recipe, Unsupported, build_eager_model, compose, recipe
 from conformance.rank.gather import local_copies, rank_device, shard, unshard
-from conformance.rank.scenarios.resume import _clones, _take, resumed_beside, truth_of
+from conformance.rank.scenarios.resume import clones_to_load, resumed_beside, take, truth_of
 from conformance.rank.scenarios.resume_dcp import TAKEN_BY as DCP_TAKEN_BY
 from conformance.rank.scenarios.resume_dcp import whole
 from conformance.rank.train import train
@@ -86,7 +86,7 @@ def save(axes: dict[str, Any], directory: str) -> dict[str, Any]:
             from thunder.distributed.checkpoint import StateDictOptions
             from thunder.distributed.checkpoint import save as save_checkpoint
 
-            state, taken["api_error"] = _take(tm, StateDictOptions(full_state_dict=True, cpu_offload=True), rank)
+            state, taken["api_error"] = take(tm, StateDictOptions(full_state_dict=True, cpu_offload=True), rank)
             save_checkpoint(state, folder / CHECKPOINT)
     except Exception as exc:  # Thunder's own calls (or DCP's over its modules): the resuming world's finding
         taken["error"] = f"{type(exc).__name__}: {exc}"
@@ -131,7 +131,7 @@ def resume_resharded(
             from thunder.distributed.checkpoint import StateDictOptions, load_model_state_dict
 
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            load_model_state_dict(_clones(gathered["state"]), reference, options, rank)
+            load_model_state_dict(clones_to_load(gathered["state"]), reference, options, rank)
         reference_optimizer = OPTIMIZERS["AdamW"].make(reference.parameters())
         _hand_moments(reference_optimizer, reference, gathered["optimizer"], rank, world)
         if not dcp:  # Thunder offers no optimizer checkpoint: the kit's resharding for both
@@ -150,7 +150,7 @@ def _load_thunders(recipe: Recipe, eager_model: EagerModel, path: Path, record: 
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     fresh = compose(recipe, eager_model).thunder_module
-    template = _clones(_take(fresh, options, rank)[0])
+    template = clones_to_load(take(fresh, options, rank)[0])
     load(template, path)
     record.taken = local_copies(template)
     load_model_state_dict(template, fresh, options, rank)

@@ -76,7 +76,7 @@ def _round_trip(
     options = StateDictOptions(full_state_dict=full, cpu_offload=True)
     truth = truth_of(kind, eager_model, tm, rank, world)
     try:
-        taken, api_error = _take(tm, options, rank)
+        taken, api_error = take(tm, options, rank)
     except Exception as exc:  # the module's own state dict method raised too
         return Resumed(kind, taken={}, truth=truth, error=f"{type(exc).__name__}: {exc}")
     held = local_copies(taken)
@@ -91,7 +91,7 @@ def _round_trip(
         # the fresh module's optimizer first, made as training makes it: loading must write
         # the parameters it steps, and its state must line up with the checkpoint's
         optimizers = [OPTIMIZERS["AdamW"].make(fresh.parameters()), optimizer]
-        template = _clones(_take(fresh, options, rank)[0])
+        template = clones_to_load(take(fresh, options, rank)[0])
         per_rank = kind == "sharded" and not _has_dtensors(taken)
         _save(taken, path, rank, per_rank)
         _load(template, path, rank, per_rank)
@@ -137,7 +137,7 @@ def resumed_beside(
         record.compared += _moment(f"after resumed step {k}", eager_model, fresh, tm, unlike=unlike)
 
 
-def _take(tm: Any, options: Any, rank: int) -> tuple[Tensors, str | None]:
+def take(tm: Any, options: Any, rank: int) -> tuple[Tensors, str | None]:
     """The checkpoint through ``get_model_state_dict``, or, where it raises, through the
     module's own method it wraps, with what it raised."""
     from thunder.distributed.checkpoint import get_model_state_dict
@@ -183,7 +183,7 @@ def optimizer_state(optimizer: Any, module: Any) -> Tensors:
     return state
 
 
-def _clones(state: dict[str, Any]) -> dict[str, Any]:
+def clones_to_load(state: dict[str, Any]) -> dict[str, Any]:
     """Copies to load into, so that reading the checkpoint cannot write a module's own
     tensors behind ``load_model_state_dict``'s back (a plain state dict views them)."""
     return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
