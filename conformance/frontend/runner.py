@@ -20,6 +20,7 @@ from conformance.frontend.probing import PROBE, ask
 from conformance.matrix import order
 from conformance.matrix.cells import Cell
 from conformance.matrix.profiles import carries_plain_jit, cells
+from conformance.matrix.resharded import worlds_of
 from conformance.matrix.simulated import world_of
 from conformance.reports import coverage_map, environment
 from conformance.reports.session import SessionInfo
@@ -320,8 +321,7 @@ class Runner:
 
     def world_keys(self, cell: Cell | None) -> list[WorldKey]:
         """Every world an item runs on: a resharded resume's saving world first."""
-        saving = [] if cell is None or cell.saved_at is None else [(cell.saved_at, False)]
-        return [*saving, self.world_key(cell)]
+        return [self.world_key(None)] if cell is None else worlds_of(cell)
 
     def world_key(self, cell: Cell | None) -> WorldKey:
         """The world an item runs on; ``None``: a generated model, at the session's size."""

@@ -47,7 +47,9 @@ from conformance.matrix.cells import AXES, Cell
 from conformance.matrix.contract import family, items_of
 from conformance.matrix.cost import WORLD_START_S, expected_seconds
 from conformance.matrix.features import features
+from conformance.matrix.resharded import block_world
 from conformance.matrix.simulated import world_of
+from fixtures.compositions import COMPOSITIONS
 
 ORDERS = ("early-verdict", "generation")
 # a profile of more cells (full's 158,342) takes the combinations' stage in its own order:
@@ -73,6 +75,9 @@ def values_of(cell: Cell) -> frozenset[Hashable]:
     that ci's coverage contract is written in (conformance/matrix/features.py)."""
     own: set[Hashable] = {(axis, getattr(cell, axis)) for axis in AXES}
     own.add(("simulated", cell.simulated))
+    own.add(("saved_at", cell.saved_at))  # a resharded resume, to more ranks and to fewer
+    if COMPOSITIONS[cell.composition].parallelism == "tensor":  # each model's plan: what reaches Thunder
+        own.add(("tensor-parallel plan", cell.model))
     if not cell.simulated:
         own |= {("feature", f) for f in features(cell.model, cell.tie, cell.world_size, cell.spec)}
     return frozenset(own)
@@ -180,9 +185,12 @@ def early_verdict(
     tail += _left(rest, [*taken, *tail])  # nothing new to meet: the profile's order
     main = _mainworld_of(cells)
     # each stage with every other world's cells as one block, then small worlds whole over the run
-    stages = [_in_blocks(stage, {world_of(c) for c in stage} - {main}) for stage in (history, prefix, contract, tail)]
+    stages = [
+        _in_blocks(stage, {block_world(c, main) for c in stage} - {main}, main)
+        for stage in (history, prefix, contract, tail)
+    ]
     staged = [c for stage in stages for c in stage]
-    run = _in_blocks(staged, _small_worlds(staged, main, seconds))
+    run = _in_blocks(staged, _small_worlds(staged, main, seconds), main)
     # each stage ends where its last cell now is (small worlds' cells pulled forward count in it)
     where = {c.id: i for i, c in enumerate(run)}
     ends = [max((where[c.id] + 1 for c in stage), default=0) for stage in stages[:3]]
@@ -218,34 +226,38 @@ def _mainworld_of(cells: Sequence[Cell]) -> tuple[int, bool] | None:
     return max(counts, key=lambda w: (counts[w], w == world_of(cells[0]))) if counts else None
 
 
-def _in_blocks(cells: Sequence[Cell], worlds: Collection[tuple[int, bool]]) -> list[Cell]:
+def _in_blocks(
+    cells: Sequence[Cell], worlds: Collection[tuple[int, bool]], main: tuple[int, bool] | None
+) -> list[Cell]:
     """``cells`` with those of each world in ``worlds`` as one block where the first of them
     falls: such a world then starts once in ``cells`` and is done (a run keeps one idle world,
     ``--max-idle-worlds 1``: the main one waits meanwhile), instead of starting again each
-    time the order comes back to it."""
+    time the order comes back to it. A resharded resume goes in the block of its world that
+    is not ``main`` (``resharded.block_world``)."""
     out: list[Cell] = []
     placed: set[tuple[int, bool]] = set()
     for c in cells:
-        world = world_of(c)
+        world = block_world(c, main)
         if world not in worlds:
             out.append(c)
         elif world not in placed:
             placed.add(world)
-            out += [d for d in cells if world_of(d) == world]
+            out += [d for d in cells if block_world(d, main) == world]
     return out
 
 
 # a world other than the main one whose cells together expect at most this share of the run
 # runs whole where its first cell falls: it then starts once, where the stages would start it
-# again each (ci: the worlds of 3 and 4 ranks, 13 s of 409), pulling no more than this much
-# ahead of the main world's cells
-SMALL_WORLD_SHARE = 0.05
+# again each, pulling no more than this much ahead of the main world's cells (ci 2026-11-30:
+# the world of 3 ranks 7.1% with tensor parallelism's and the resharded resumes, of 4 1.3%,
+# the simulated one 9.7%; 5% until then)
+SMALL_WORLD_SHARE = 0.1
 
 
 def _small_worlds(run: Sequence[Cell], main: tuple[int, bool] | None, seconds: Seconds) -> set[tuple[int, bool]]:
     per_world: dict[tuple[int, bool], float] = {}
     for c in run:
-        per_world[world_of(c)] = per_world.get(world_of(c), 0.0) + seconds(c)
+        per_world[block_world(c, main)] = per_world.get(block_world(c, main), 0.0) + seconds(c)
     total = sum(per_world.values()) or 1.0
     return {w for w, s in per_world.items() if w != main and s <= SMALL_WORLD_SHARE * total}
 

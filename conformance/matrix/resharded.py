@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Collection, Iterator
 
 from conformance.matrix.cells import DEFAULT_EXECUTORS, Cell
+from conformance.matrix.simulated import world_of
 
 # (saved at, resumed at): to more ranks, to fewer, and to half (rows of the model's uneven
 # shards at 3 move to other ranks at 2 and 4)
@@ -34,6 +35,20 @@ CI = (
     Cell("tied_lm", "real", "fsdp_jit", tie="tied", scenario="resume", world_size=2, saved_at=3),
     Cell("tied_lm", "real", "thunderfx_fsdp2", tie="tied", scenario="resume", world_size=3, saved_at=2),
 )
+
+
+def worlds_of(cell: Cell) -> list[tuple[int, bool]]:
+    """Every world ``cell``'s task runs on, in order: a resharded resume's saving world first,
+    then the cell's own (``simulated.world_of``)."""
+    saving = [] if cell.saved_at is None else [(cell.saved_at, False)]
+    return [*saving, world_of(cell)]
+
+
+def block_world(cell: Cell, main: tuple[int, bool] | None) -> tuple[int, bool]:
+    """The world whose block a run's order puts ``cell`` in: its own, or for a resharded resume
+    the one of its two worlds that is not the run's ``main`` one (3→2 runs among the cells of
+    3 ranks, while the main world waits idle), so that neither world starts twice for it."""
+    return next((w for w in reversed(worlds_of(cell)) if w != main), world_of(cell))
 
 
 def why_not(cell: Cell) -> str | None:

@@ -19,6 +19,7 @@ from conformance.matrix.cells import Cell
 from conformance.matrix.cost import expected_seconds, measured_seconds
 from conformance.matrix.order import carries_of, contract_of, early_verdict, met_by, values_of
 from conformance.matrix.profiles import PROFILES, cells
+from conformance.matrix.resharded import block_world, worlds_of
 from conformance.matrix.simulated import world_of
 from tests.planted.registry import RECORDS
 from tests.planted.sharding import STRING_ORDER, shows_string_order
@@ -48,12 +49,12 @@ def test_every_profile_keeps_its_cells_and_its_prefix_meets_every_value_and_feat
     # may be before cells the greedy took ahead of them)
     met: set = set()
     for c in prefix:
-        if world_of(c) == main:
+        if block_world(c, main) == main:
             assert not values_of(c) <= met or c.id in sole, c.id
             met |= values_of(c)
     ends = [run.history, run.history + run.prefix, run.history + run.prefix + run.contract, len(given)]
     for start, end in zip([0, *ends[:-1]], ends, strict=True):  # another world's cells: one block a stage
-        worlds = [world_of(c) for c in run.cells[start:end]]
+        worlds = [block_world(c, main) for c in run.cells[start:end]]  # a resharded resume: its other world's
         for world in set(worlds) - {main}:
             at = [i for i, w in enumerate(worlds) if w == world]
             assert at == list(range(at[0], at[0] + len(at))), (world, start)
@@ -180,16 +181,17 @@ def test_ci_starts_each_world_once_with_one_idle_world() -> None:
 
     run = early_verdict(profile("ci"), expected_seconds).cells
     lifetimes = Lifetimes(max_idle=1, foresight=True)
-    lifetimes.plan((c.id, world_of(c)) for c in run)
+    lifetimes.plan((c.id, w) for c in run for w in worlds_of(c))  # a resharded resume's two
     open_worlds: set = set()
     started = 0
     for c in run:
-        lifetimes.used(world_of(c))
-        if world_of(c) not in open_worlds:
-            open_worlds.add(world_of(c))
-            started += 1
+        for world in worlds_of(c):
+            lifetimes.used(world)
+            if world not in open_worlds:
+                open_worlds.add(world)
+                started += 1
         open_worlds -= set(lifetimes.to_close(c.id, open_worlds))
-    assert started == len({world_of(c) for c in run})
+    assert started == len({w for c in run for w in worlds_of(c)})
 
 
 def test_first_failures_reads_each_records_first_must_fail_item_off_a_run(tmp_path: Path, capsys) -> None:

@@ -17,7 +17,8 @@ from conformance.matrix.axes import axis_values
 from conformance.matrix.cells import AXES, QUIET_DEFAULTS, Cell
 from conformance.matrix.coverage import unmet_pairs
 from conformance.matrix.profiles import BOUNDARY_WORLD_SIZES, cells
-from conformance.matrix.simulated import sampled_ranks, world_of
+from conformance.matrix.resharded import worlds_of
+from conformance.matrix.simulated import sampled_ranks
 from conformance.reports.outcomes import CHAOS_LOST
 from fixtures.compositions import COMPOSITIONS, pairing
 from fixtures.offloads import POLICIES
@@ -139,11 +140,6 @@ def ended_early(item: dict) -> bool:
     """Whether the cell's task did not end on every rank (a rank raised, died or was aborted):
     such a rank has a status but no findings of the item's area."""
     return any(r["status"] != "passed" and "failures" not in r for r in item["ranks"])
-
-
-def worlds_of(cell: Cell) -> list[tuple[int, bool]]:
-    """The worlds a cell's task runs on, in order (as the runner's ``world_keys``)."""
-    return [*([(cell.saved_at, False)] if cell.saved_at is not None else []), world_of(cell)]
 
 
 def planned_starts(items: list[dict]) -> int:
