@@ -39,7 +39,7 @@ from conformance.checks.record import CellRecord, Issued, SimulatedRecord, Tenso
 from conformance.checks.reductions import REDUCING, bytes_derived, judge_backward
 from conformance.checks.storages import distinct_storages, padded_bytes
 from conformance.checks.traces import KINDS, MISSING, collective_symbols, group_ranks, issued
-from fixtures.compositions import COMPOSITIONS, FSDP_WIDTH, shard_ranks
+from fixtures.compositions import COMPOSITIONS, FSDP_WIDTH, replica_ranks, shard_ranks
 from fixtures.options import MICRO_STEPS, MIXED
 from transforms.policies import proxy_bytes
 
@@ -76,7 +76,7 @@ def judge_hybrid(
     layout, from the rank and the world size), and the all-reduced bytes one shard of every
     trainable storage (what the row's reduce-scatter left this rank)."""
     row = shard_ranks(rank, world)
-    column = tuple(r for r in range(world) if r % FSDP_WIDTH == rank % FSDP_WIDTH)
+    column = replica_ranks(rank, world)
     wanted = {"all_gather": ("row", row), "reduce_scatter": ("row", row), "all_reduce": ("column", column)}
     for phase, by_kind in symbols.items():
         for kind, bsyms in by_kind.items():

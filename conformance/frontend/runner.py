@@ -277,10 +277,10 @@ class Runner:
         shutil.rmtree(directory, ignore_errors=True)  # an earlier run's, stopped before it was removed
         os.makedirs(directory)
         task = self.save_task(cell)
-        outcome = self.world(cell.saved_at).run(self.traced(task, cell.id), self.config.cell_timeout)
-        if not self.session.isolate:
-            return directory, outcome
-        self.worlds[cell.saved_at, False].close()
+        world = self.world(cell.saved_at)
+        outcome = world.run(self.traced(task, cell.id), self.config.cell_timeout)
+        if self.session.isolate:
+            world.close()
         return directory, outcome
 
     def traced(self, task: protocol.Task, context: str) -> protocol.Task:

@@ -332,8 +332,8 @@ def cell_from_axes(axes: object) -> Cell:
     saved_at = axes.get("saved_at")
     if saved_at is not None and (not isinstance(saved_at, int) or isinstance(saved_at, bool)):
         raise ValueError(f"saved_at must be a whole number of ranks, got {saved_at!r}")
-    if (why := resharded.why_not(Cell(**axes))) is not None:
-        raise ValueError(f"cell {Cell(**axes).id} cannot resume resharded: {why}")
+    if (why := resharded.why_not(cell := Cell(**axes))) is not None:
+        raise ValueError(f"cell {cell.id} cannot resume resharded: {why}")
     allowed = axis_values(world_size)
     allowed["model"] = [*allowed["model"], GENERATED]
     allowed["composition"] = list(COMPOSITIONS)  # PyTorch's parallelism's too

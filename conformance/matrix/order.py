@@ -257,7 +257,8 @@ SMALL_WORLD_SHARE = 0.1
 def _small_worlds(run: Sequence[Cell], main: tuple[int, bool] | None, seconds: Seconds) -> set[tuple[int, bool]]:
     per_world: dict[tuple[int, bool], float] = {}
     for c in run:
-        per_world[block_world(c, main)] = per_world.get(block_world(c, main), 0.0) + seconds(c)
+        world = block_world(c, main)
+        per_world[world] = per_world.get(world, 0.0) + seconds(c)
     total = sum(per_world.values()) or 1.0
     return {w for w, s in per_world.items() if w != main and s <= SMALL_WORLD_SHARE * total}
 

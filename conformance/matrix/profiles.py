@@ -169,6 +169,11 @@ def _hybrid(profile: str, unsupported: Collection[str]) -> Iterator[Cell]:
         yield from full(values)
 
 
+def _resharded(profile: str, unsupported: Collection[str]) -> Iterator[Cell]:
+    """The profile's resharded resumes (conformance/matrix/resharded.py) that can exist."""
+    return (c for c in resharded.cells(profile, unsupported) if valid(dataclasses.asdict(c)))
+
+
 def _stand_in(
     axis: str, value: str, world_size: int, unsupported: Collection[str], composition: str | None = None
 ) -> Cell:
@@ -242,7 +247,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *_checkpointing_ci(world_size, unsupported),
             *_tensor_parallel(profile, world_size, unsupported),
             *_hybrid(profile, unsupported),
-            *(c for c in resharded.cells(profile, unsupported) if valid(dataclasses.asdict(c))),
+            *_resharded(profile, unsupported),
         ]
     elif profile == "nightly":
         # every triple at the session's size; the boundary sizes get what full gives them
@@ -260,7 +265,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *grown(checkpointing_values(world_size, unsupported), contract=False, refused=refused),
             *_tensor_parallel(profile, world_size, unsupported),
             *_hybrid(profile, unsupported),
-            *(c for c in resharded.cells(profile, unsupported) if valid(dataclasses.asdict(c))),
+            *_resharded(profile, unsupported),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]
@@ -274,7 +279,7 @@ def _generate(profile: str, world_size: int, unsupported: Collection[str], contr
             *full(checkpointing_values(world_size, unsupported), refused),
             *_tensor_parallel(profile, world_size, unsupported),
             *_hybrid(profile, unsupported),
-            *(c for c in resharded.cells(profile, unsupported) if valid(dataclasses.asdict(c))),
+            *_resharded(profile, unsupported),
             *_boundary_arrays(world_size, unsupported),
             *simulated.covering(unsupported),
         ]

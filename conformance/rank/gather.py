@@ -42,7 +42,7 @@ class Gathered(dict[str, torch.Tensor]):
 
 def unshard(piece: torch.Tensor, full_shape: torch.Size, shard_ranks: tuple[int, ...] | None = None) -> torch.Tensor:
     """Rebuild a full tensor from every rank's dim-0 shard (Thunder pads dim 0 to a multiple);
-    ``piece`` has the shape ``_local_shape`` gives (``gather`` sees to it). ``shard_ranks``
+    ``piece`` has the shape ``local_shape`` gives (``gather`` sees to it). ``shard_ranks``
     (hybrid sharding): the ranks whose shards make this rank's tensor, in order; every rank
     gathers from all, so that the world issues one collective."""
     world = dist.get_world_size()
@@ -53,7 +53,7 @@ def unshard(piece: torch.Tensor, full_shape: torch.Size, shard_ranks: tuple[int,
     return torch.cat(parts)[: full_shape[0]].cpu()
 
 
-def _local_shape(full_shape: torch.Size, world: int, replicated: bool) -> tuple[int, ...]:
+def local_shape(full_shape: torch.Size, world: int, replicated: bool) -> tuple[int, ...]:
     """What a rank holds of a parameter: all of it (DDP) or its padded dim-0 shard (FSDP)."""
     return tuple(full_shape) if replicated else (patterns.chunk_rows(full_shape[0], world), *full_shape[1:])
 
@@ -117,7 +117,7 @@ def gather(
             t = None
         elif isinstance(t, DTensor):  # FSDP2's: its own layout, gathered by DTensor (every rank holds one)
             t = t.full_tensor()
-        local = tuple(shape) if whole else _local_shape(shape, world, replicated)
+        local = tuple(shape) if whole else local_shape(shape, world, replicated)
         dtype = (dtypes or {}).get(name, torch.float32 if p is None else p.dtype)
         absent = "missing from the Thunder module" if p is None else "no gradient"
         wrong = mixed.get(name) or (absent if t is None else _defect(t, local, dtype, device))

@@ -5,7 +5,7 @@ two column-wise outputs) and splits the Linears off; a bug in those ops shows th
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -33,22 +33,19 @@ def gated_product_reads_the_first_shard() -> Iterator[None]:
     split on the last dim) and cuts every rank's piece from the front: each rank multiplies its
     own gate by rank 0's features. Rank 0 computes right, every other rank silently wrong, and
     the forward issues an all-gather the plan never asks for."""
-    from thunder.torch.experimental import dtensor_torch_and_prims as prims
     from torch.distributed.tensor import DTensor
 
-    call_ctx = _call_ctx(prims.dtensor_mul_prim_impl)
-    (name,) = call_ctx
-    original = call_ctx[name]
+    def first_shard(original: Mul) -> Mul:
+        def mul(a: Any, b: Any) -> Any:
+            if not (isinstance(a, DTensor) and isinstance(b, DTensor)):
+                return original(a, b)
+            held = b.to_local().shape[-1]
+            front = b.full_tensor()[..., :held]
+            return original(a, DTensor.from_local(front, b.device_mesh, b.placements, shape=b.shape, stride=b.stride()))
 
-    def first_shard(a: Any, b: Any) -> Any:
-        if not (isinstance(a, DTensor) and isinstance(b, DTensor)):
-            return original(a, b)
-        held = b.to_local().shape[-1]
-        front = b.full_tensor()[..., :held]
-        return original(a, DTensor.from_local(front, b.device_mesh, b.placements, shape=b.shape, stride=b.stride()))
+        return mul
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(call_ctx, name, first_shard)
+    with _mul_replaced(first_shard):
         yield
 
 
@@ -64,24 +61,36 @@ def product_gathered_on_the_wrong_dim() -> Iterator[None]:
     gathered and re-split on the wrong dim: the values are right, so the row-wise Linear
     after it computes what it should, but only once DTensor has moved the product back
     (collectives the plan never asks for). Numerics cannot see it; the collectives must."""
-    from thunder.torch.experimental import dtensor_torch_and_prims as prims
     from torch.distributed.tensor import DTensor, Shard
 
-    call_ctx = _call_ctx(prims.dtensor_mul_prim_impl)
-    (name,) = call_ctx
-    original = call_ctx[name]
+    def wrong_dim(original: Mul) -> Mul:
+        def mul(a: Any, b: Any) -> Any:
+            out = original(a, b)
+            if not isinstance(out, DTensor) or out.placements != (Shard(out.dim() - 1),):
+                return out
+            return out.redistribute(out.device_mesh, [Shard(0)])
 
-    def wrong_dim(a: Any, b: Any) -> Any:
-        out = original(a, b)
-        if not isinstance(out, DTensor) or out.placements != (Shard(out.dim() - 1),):
-            return out
-        return out.redistribute(out.device_mesh, [Shard(0)])
+        return mul
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(call_ctx, name, wrong_dim)
+    with _mul_replaced(wrong_dim), pytest.MonkeyPatch.context() as mp:
         # the row-wise Linear's graph recompiles for its input's new layout, and inductor's FX
         # graph cache then fails evaluating its own guards (NameError: torch 2.10's, on the pin)
         mp.setattr("torch._inductor.config.fx_graph_cache", False)
+        yield
+
+
+Mul = Callable[[Any, Any], Any]
+
+
+@contextlib.contextmanager
+def _mul_replaced(replacement: Callable[[Mul], Mul]) -> Iterator[None]:
+    """Thunder's DTensor multiply, as a trace calls it, replaced by ``replacement`` of it."""
+    from thunder.torch.experimental import dtensor_torch_and_prims as prims
+
+    call_ctx = _call_ctx(prims.dtensor_mul_prim_impl)
+    (name,) = call_ctx
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(call_ctx, name, replacement(call_ctx[name]))
         yield
 
 

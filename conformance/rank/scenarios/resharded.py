@@ -41,7 +41,7 @@ from conformance.checks.record import ScenarioRecord
 from conformance.matrix.cells import Cell
 from conformance.rank import progress
 from conformance.rank.build import EagerModel, Recipe, Unsupported, build_eager_model, compose, recipe
-from conformance.rank.gather import local_copies, rank_device, shard, unshard
+from conformance.rank.gather import local_copies, local_shape, rank_device, shard, unshard
 from conformance.rank.scenarios.resume import clones_to_load, resumed_beside, take, truth_of
 from conformance.rank.scenarios.resume_dcp import TAKEN_BY as DCP_TAKEN_BY
 from conformance.rank.scenarios.resume_dcp import whole
@@ -200,12 +200,18 @@ def _moments(eager_model: EagerModel, tm: Any, optimizer: Any) -> Tensors:
     from torch.distributed.tensor import DTensor
 
     out: Tensors = {}
+    world = dist.get_world_size()
     for name, shape in eager_model.shapes.items():
         state = optimizer.state.get(tm.get_parameter(name), {})
         for key, value in sorted(state.items()):
             if isinstance(value, DTensor):  # FSDP2's moments: DTensor's own collective
                 value = value.full_tensor()
             elif (value := torch.as_tensor(value)).dim() > 0:
+                # a moment not shaped as its parameter's shard (or unreadable) is gathered as
+                # NaN, so the ranks still issue the same collective and the resume names it
+                local = local_shape(shape, world, replicated=False)
+                if tuple(value.shape) != local or value.is_meta:
+                    value = torch.full(local, float("nan"), dtype=torch.float32, device=rank_device())
                 value = unshard(value, shape)
             out[f"{name} {key}"] = value.detach().cpu().clone()
     return out
