@@ -11,6 +11,10 @@ import torch
 Tensors = dict[str, torch.Tensor]
 
 
+# the call that takes a checkpoint under Thunder's own distributed transforms
+THUNDER_TAKEN_BY = "thunder.distributed.checkpoint.get_model_state_dict"
+
+
 @dataclasses.dataclass
 class Compared:
     """One moment of a resumed run beside the uninterrupted one: what each held then."""
@@ -32,9 +36,12 @@ class Resumed:
     truth: Tensors  # what it must hold, gathered by the kit at the same moment
     # what ``taken_by`` raised taking it (under Thunder's API the module's own state dict stood in)
     api_error: str | None = None
+    # whose code raised it (conformance/rank/raised.py: origin): the pin's raise on a gloo world
+    # is torch's (a CUDA mesh), one Thunder's own code makes is another
+    api_origin: str | None = None
     # the call that takes it: Thunder's checkpoint API, or torch.distributed.checkpoint's under
     # PyTorch's parallelism (conformance/rank/scenarios/resume_dcp.py)
-    taken_by: str = "thunder.distributed.checkpoint.get_model_state_dict"
+    taken_by: str = THUNDER_TAKEN_BY
     compared: list[Compared] = dataclasses.field(default_factory=list)
     error: str | None = None  # what Thunder raised saving, loading or resuming (compared ends there)
 
@@ -48,6 +55,8 @@ class RankZeroOnly:
     truth: Tensors  # what the whole checkpoint must hold (the kit's gathering, eager's names)
     checkpoint: Tensors  # what this rank's module holds once the checkpoint is loaded into it
     taken: Tensors | None = None  # what this rank took (None: get_model_state_dict raised)
+    take_error: str | None = None  # what get_model_state_dict raised taking it (``Kind: message``)
+    take_origin: str | None = None  # whose code raised it (conformance/rank/raised.py: origin)
     untouched: Tensors = dataclasses.field(default_factory=dict)  # a fresh module's, before loading
     loaded: Tensors = dataclasses.field(default_factory=dict)  # the same module's after loading
     error: str | None = None  # what Thunder raised composing or loading

@@ -22,7 +22,7 @@ land on rank 0 and leave every other rank's tensors as they were or give them ra
 from __future__ import annotations
 
 from conformance.checks.area import Area
-from conformance.checks.checkpoint_record import RankZeroOnly, Resumed
+from conformance.checks.checkpoint_record import THUNDER_TAKEN_BY, RankZeroOnly, Resumed
 from conformance.checks.findings import Findings, identical, raised_kind
 from conformance.checks.record import CellRecord, Tensors
 from conformance.checks.storages import tied_duplicates
@@ -98,6 +98,16 @@ def _entries(found: Findings, what: str, got: Tensors, truth: Tensors, required:
     )
 
 
+def _taken_raised(found: Findings, what: str, call: str, error: str, origin: str | None) -> None:
+    """``call`` raised taking the checkpoint ``what``: its kind and whose code raised it (the
+    package of the innermost frame) are what an xfails entry pins, so that a raise of
+    Thunder's own code is not taken for one torch makes beneath it."""
+    kind = error.split(":", 1)[0]
+    origin = origin or "unknown"
+    message = f"{what}: {call} raised {kind}\n{error} (raised by {origin}'s code)"
+    found.fail(RAISED, message, dict=what, stage="taken", call=call, raised=kind, origin=origin)
+
+
 def judge_resumed(found: Findings, resumed: Resumed, eager_keys: set[str]) -> None:
     """One checkpoint round trip of the ``resume`` scenario: the checkpoint holds what the kit
     gathered, under eager's names (every one but a tie's duplicates, none eager lacks), and
@@ -105,10 +115,7 @@ def judge_resumed(found: Findings, resumed: Resumed, eager_keys: set[str]) -> No
     one. Thunder's failure to take, save or load it is a finding naming the call."""
     what = f"{resumed.kind} checkpoint"
     if resumed.api_error is not None:
-        kind = resumed.api_error.split(":", 1)[0]
-        call = resumed.taken_by
-        message = f"{what}: {call} raised {kind}\n{resumed.api_error}"
-        found.fail(RAISED, message, dict=what, stage="taken", call=call, raised=kind)
+        _taken_raised(found, what, resumed.taken_by, resumed.api_error, resumed.api_origin)
     _entries(found, what, resumed.taken, resumed.truth, set(resumed.truth), eager_keys)
     if resumed.error is not None:
         # the first line names the kind of refusal (what an xfails entry pins), the next what Thunder said
@@ -134,6 +141,8 @@ def judge_rank0_only(found: Findings, record: RankZeroOnly, eager_keys: set[str]
     module holds it, and another rank's, given nothing, either kept its own tensors or got
     rank 0's (a Thunder that broadcasts), never some mix."""
     what = "full checkpoint with rank0_only"
+    if record.take_error is not None:
+        _taken_raised(found, what, THUNDER_TAKEN_BY, record.take_error, record.take_origin)
     if record.taken is not None:
         if record.rank == 0:
             _entries(found, what, record.taken, record.truth, set(record.truth), eager_keys)

@@ -14,8 +14,9 @@ from conformance.checks.collectives import expected_counts, scenario_counts
 from conformance.checks.findings import Findings
 from conformance.checks.numerics.scenarios import judge_scenario
 from conformance.checks.record import ScenarioRecord
-from conformance.checks.state_dict import judge_rank0_only, judge_resumed
+from conformance.checks.state_dict import RAISED, judge_rank0_only, judge_resumed
 from conformance.checks.traces import FinalTraces
+from conformance.rank.raised import origin
 from fixtures.toy_models import MLP, LoRA
 
 WHAT = "gradients accumulated over 2 micro-steps"
@@ -255,3 +256,27 @@ def test_whatever_rank0_only_loaded_is_a_finding_never_a_crash() -> None:
     assert any(h.startswith(f"{neither} [b]") for h in heads)  # float64
     assert any("[stray]: present where eager has none" in h for h in heads)
     assert heads[-1] == "full checkpoint with rank0_only loaded: Thunder raised KeyError"
+
+
+def test_what_taking_a_checkpoint_raised_names_whose_code_raised_it() -> None:
+    """The pin's raise on a gloo world is torch's (a CUDA mesh); a raise of Thunder's own code
+    in the same call (rank0_only refused, a module taken for unsharded) is another finding."""
+    found = Findings()
+    judge_rank0_only(found, _on_rank(0, taken=None, take_error="ValueError: no", take_origin="thunder"), {"w", "b"})
+    judge_resumed(found, _resumed(api_error="RuntimeError: no NVIDIA driver", api_origin="torch"), {"w", "b"})
+    fields = [(f.fields["dict"], f.fields["raised"], f.fields["origin"]) for f in found.found if f.code == RAISED]
+    assert fields[0] == ("full checkpoint with rank0_only", "ValueError", "thunder")
+    assert fields[1] == ("full checkpoint", "RuntimeError", "torch")
+
+
+def test_the_origin_of_a_raise_is_its_innermost_frames_package() -> None:
+    def innermost(call) -> str:
+        try:
+            call()
+        except Exception as exc:
+            return origin(exc)
+        raise AssertionError("it did not raise")
+
+    assert innermost(lambda: torch.nn.functional.softmax(torch.ones(2), dim=5)) == "torch"
+    assert innermost(lambda: int("x")) == "test_scenarios"  # raised in C, the innermost Python frame is here
+    assert origin(ValueError("never raised")) == "builtins"

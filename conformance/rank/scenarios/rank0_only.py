@@ -18,6 +18,7 @@ import torch
 from conformance.checks.checkpoint_record import RankZeroOnly
 from conformance.rank.build import EagerModel, Recipe, compose
 from conformance.rank.gather import local_copies, padding_cleared, shard
+from conformance.rank.raised import origin
 
 Tensors = dict[str, torch.Tensor]
 
@@ -32,8 +33,8 @@ def rank0_only(recipe: Recipe, eager_model: EagerModel, tm: Any, truth: Tensors,
     record = RankZeroOnly(rank=rank, truth=truth, checkpoint=checkpoint)
     try:
         record.taken = local_copies(get_model_state_dict(tm, options, rank))
-    except Exception:  # the full checkpoint's own finding names what get_model_state_dict raised
-        record.taken = None
+    except Exception as exc:  # its own finding: rank0_only may raise where the full checkpoint does not
+        record.take_error, record.take_origin = f"{type(exc).__name__}: {exc}", origin(exc)
     try:
         fresh = compose(recipe, eager_model).thunder_module
         record.untouched = _held(fresh, checkpoint, eager_model, rank)

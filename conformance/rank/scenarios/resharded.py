@@ -42,6 +42,7 @@ from conformance.matrix.cells import Cell
 from conformance.rank import progress
 from conformance.rank.build import EagerModel, Recipe, Unsupported, build_eager_model, compose, recipe
 from conformance.rank.gather import local_copies, local_shape, rank_device, shard, unshard
+from conformance.rank.raised import origin
 from conformance.rank.scenarios.resume import clones_to_load, resumed_beside, take, truth_of
 from conformance.rank.scenarios.resume_dcp import TAKEN_BY as DCP_TAKEN_BY
 from conformance.rank.scenarios.resume_dcp import whole
@@ -78,7 +79,7 @@ def save(axes: dict[str, Any], directory: str) -> dict[str, Any]:
         "state": truth_of("full", eager_model, tm, rank, world),
         "optimizer": _moments(eager_model, tm, optimizer),
     }
-    taken: dict[str, str | None] = {"api_error": None, "error": None}
+    taken: dict[str, str | None] = {"api_error": None, "api_origin": None, "error": None}
     try:
         if parts.composition.parallelism == "torch":
             _save_dcp(tm, optimizer, folder / CHECKPOINT, taken)
@@ -86,8 +87,9 @@ def save(axes: dict[str, Any], directory: str) -> dict[str, Any]:
             from thunder.distributed.checkpoint import StateDictOptions
             from thunder.distributed.checkpoint import save as save_checkpoint
 
-            state, taken["api_error"] = take(tm, StateDictOptions(full_state_dict=True, cpu_offload=True), rank)
-            save_checkpoint(state, folder / CHECKPOINT)
+            took = take(tm, StateDictOptions(full_state_dict=True, cpu_offload=True), rank)
+            taken["api_error"], taken["api_origin"] = took.error, took.origin
+            save_checkpoint(took.state, folder / CHECKPOINT)
     except Exception as exc:  # Thunder's own calls (or DCP's over its modules): the resuming world's finding
         taken["error"] = f"{type(exc).__name__}: {exc}"
     (folder / f"rank{rank}.json").write_text(json.dumps(taken))
@@ -111,10 +113,11 @@ def resume_resharded(
     dcp = recipe.composition.parallelism == "torch"
     # as the same-size resume names them: DCP's checkpoint of FSDP2 is sharded, Thunder's full
     record = (
-        Resumed("sharded", taken={}, truth=gathered["state"], api_error=taken[0]["api_error"], taken_by=DCP_TAKEN_BY)
+        Resumed("sharded", taken={}, truth=gathered["state"], taken_by=DCP_TAKEN_BY)
         if dcp
-        else Resumed("full", taken={}, truth=gathered["state"], api_error=taken[0]["api_error"])
+        else Resumed("full", taken={}, truth=gathered["state"])
     )
+    record.api_error, record.api_origin = taken[0]["api_error"], taken[0]["api_origin"]
     if errors := [t["error"] for t in taken if t["error"] is not None]:
         record.error = f"taking or saving it at {saved_at} ranks: {errors[0]}"
         return ScenarioRecord("resume", resumed=[record])
@@ -150,7 +153,7 @@ def _load_thunders(recipe: Recipe, eager_model: EagerModel, path: Path, record: 
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     fresh = compose(recipe, eager_model).thunder_module
-    template = clones_to_load(take(fresh, options, rank)[0])
+    template = clones_to_load(take(fresh, options, rank).state)
     load(template, path)
     record.taken = local_copies(template)
     load_model_state_dict(template, fresh, options, rank)
@@ -173,7 +176,7 @@ def _save_dcp(tm: Any, optimizer: Any, path: Path, taken: dict[str, str | None])
     try:
         model_state, optimizer_state = get_state_dict(tm.model, optimizer)
     except Exception as exc:  # DCP over a model holding ThunderModules: a finding, named
-        taken["api_error"] = f"{type(exc).__name__}: {exc}"
+        taken["api_error"], taken["api_origin"] = f"{type(exc).__name__}: {exc}", origin(exc)
         return
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))
 

@@ -26,6 +26,7 @@ so that the round trip is still judged; loading always goes through
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
@@ -41,6 +42,7 @@ from conformance.rank.build import EagerModel, Recipe, compose
 from conformance.rank.clock import thunder_call
 from conformance.rank.eager import loss
 from conformance.rank.gather import cpu_copies, local_copies, on_every_rank, padding_cleared, shard
+from conformance.rank.raised import origin
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch
 from conformance.rank.scenarios.rank0_only import rank0_only
 from fixtures.optimizers import OPTIMIZERS
@@ -76,13 +78,13 @@ def _round_trip(
     options = StateDictOptions(full_state_dict=full, cpu_offload=True)
     truth = truth_of(kind, eager_model, tm, rank, world)
     try:
-        taken, api_error = take(tm, options, rank)
+        taken = take(tm, options, rank)
     except Exception as exc:  # the module's own state dict method raised too
         return Resumed(kind, taken={}, truth=truth, error=f"{type(exc).__name__}: {exc}")
-    held = local_copies(taken)
+    held = local_copies(taken.state)
     if not full:
         held = {n: padding_cleared(t, truth.get(n), eager_model.shapes.get(n), rank) for n, t in held.items()}
-    record = Resumed(kind, taken=held, truth=truth, api_error=api_error)
+    record = Resumed(kind, taken=held, truth=truth, api_error=taken.error, api_origin=taken.origin)
     # a buffer the ranks hold differently (running statistics of each rank's own batches): a
     # full checkpoint holds one value of it, which every rank then loads and goes on from
     unlike = unlike_on_ranks(tm) if full else set()
@@ -91,9 +93,9 @@ def _round_trip(
         # the fresh module's optimizer first, made as training makes it: loading must write
         # the parameters it steps, and its state must line up with the checkpoint's
         optimizers = [OPTIMIZERS["AdamW"].make(fresh.parameters()), optimizer]
-        template = clones_to_load(take(fresh, options, rank)[0])
-        per_rank = kind == "sharded" and not _has_dtensors(taken)
-        _save(taken, path, rank, per_rank)
+        template = clones_to_load(take(fresh, options, rank).state)
+        per_rank = kind == "sharded" and not _has_dtensors(taken.state)
+        _save(taken.state, path, rank, per_rank)
         _load(template, path, rank, per_rank)
         load_model_state_dict(template, fresh, options, rank)
         optimizers[0].load_state_dict(_optimizer_round_trip(optimizer, path, rank))
@@ -137,16 +139,26 @@ def resumed_beside(
         record.compared += _moment(f"after resumed step {k}", eager_model, fresh, tm, unlike=unlike)
 
 
-def take(tm: Any, options: Any, rank: int) -> tuple[Tensors, str | None]:
+@dataclasses.dataclass
+class Taken:
+    """A checkpoint as ``take`` took it: the state dict, and, where ``get_model_state_dict``
+    raised (the module's own state dict standing in), what it raised and whose code raised it."""
+
+    state: Tensors
+    error: str | None = None  # ``Kind: message``
+    origin: str | None = None  # conformance.rank.raised.origin
+
+
+def take(tm: Any, options: Any, rank: int) -> Taken:
     """The checkpoint through ``get_model_state_dict``, or, where it raises, through the
     module's own method it wraps, with what it raised."""
     from thunder.distributed.checkpoint import get_model_state_dict
 
     try:
-        return get_model_state_dict(tm, options, rank), None
+        return Taken(get_model_state_dict(tm, options, rank))
     except Exception as exc:
         own = tm.original_state_dict() if options.full_state_dict else tm.state_dict()
-        return cpu_copies(own.items()), f"{type(exc).__name__}: {exc}"
+        return Taken(cpu_copies(own.items()), f"{type(exc).__name__}: {exc}", origin(exc))
 
 
 def truth_of(kind: str, eager_model: EagerModel, tm: Any, rank: int, world: int) -> Tensors:

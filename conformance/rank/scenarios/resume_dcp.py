@@ -23,6 +23,7 @@ from conformance.checks.checkpoint_record import Resumed
 from conformance.checks.record import ScenarioRecord
 from conformance.rank.build import EagerModel, Recipe, compose
 from conformance.rank.gather import cpu_copies
+from conformance.rank.raised import origin
 from conformance.rank.scenarios.resume import resumed_beside, shared_directory, truth_of, unlike_on_ranks
 from fixtures.optimizers import OPTIMIZERS
 
@@ -52,7 +53,8 @@ def _round_trip(
     try:
         model_state, optimizer_state = get_state_dict(tm.model, optimizer)
     except Exception as exc:  # DCP over a model holding ThunderModules: a finding, named
-        return Resumed(kind, taken={}, truth={}, api_error=f"{type(exc).__name__}: {exc}", taken_by=TAKEN_BY)
+        api_error = f"{type(exc).__name__}: {exc}"
+        return Resumed(kind, taken={}, truth={}, api_error=api_error, api_origin=origin(exc), taken_by=TAKEN_BY)
     record = Resumed(
         kind, taken=whole(model_state), truth=truth_of("full", eager_model, tm, rank, world), taken_by=TAKEN_BY
     )
