@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from conformance.matrix.cells import Cell
+from conformance.matrix.initialization import plan
 from fixtures.models import fixture_for
-from tests.planted.cells import ALL, MODULE_INIT, NONE, PARTLY_META, RANDOM_BUFFER, REAL, RESUME
+from tests.planted.cells import ALL, MODULE_INIT, NONE, PARTLY_META, RANDOM_BUFFER, REAL, RESUME, THUNDERS
 from tests.planted.record import Expect, planted
 
 
@@ -243,6 +244,51 @@ def loaded_modules_reinitialized() -> Iterator[None]:
 
     def init(transform: Any, tm: Any, *args: Any, **kwargs: Any) -> Any:
         transform.have_materialized = _EveryNameOnceAny(transform.have_materialized)
+        return original(transform, tm, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(materialization, "module_init_from_original_module_init", init)
+        yield
+
+
+@functools.cache
+def _has_non_persistent_buffer(model: str, spec: str | None, tie: str) -> bool:
+    """Whether some module of the model owns a non-persistent buffer (built on the meta device)."""
+    import torch
+
+    with torch.device("meta"):
+        module = fixture_for(model, spec).build(tie == "tied")
+    return any(m._non_persistent_buffers_set for m in module.modules())
+
+
+def NON_PERSISTENT_FROM_STATE_DICT(cell: Cell) -> bool:
+    """Thunder materializes the model from a state dict, and some module owns a buffer no
+    state dict holds (a rotary cache, root_owned's ramp): module init must still draw it."""
+    sd = plan(cell).materialize != "module" and THUNDERS(cell)
+    return sd and _has_non_persistent_buffer(cell.model, cell.spec, cell.tie)
+
+
+# The census's survivor at materialization.py:164 (the call deleted) before root_owned held a
+# non-persistent buffer: ci's only state-dict cells of a model with one ran torch.compile's
+# executor, which raises at the first forward on the pin.
+@planted(
+    {"materialization": Expect(NON_PERSISTENT_FROM_STATE_DICT, NONE, "buffers ["), "numerics": Expect(NONE, ALL)},
+    cells=(
+        NON_PERSISTENT_FROM_STATE_DICT,
+        lambda c: MODULE_INIT(c) and _has_non_persistent_buffer(c.model, c.spec, c.tie),
+    ),
+)
+@contextlib.contextmanager
+def state_dict_init_skips_non_persistent_buffers() -> Iterator[None]:
+    """Materialized from a state dict, the modules that own a non-persistent buffer are not
+    initialized first: those buffers, which no state dict holds, keep the memory they got."""
+    import thunder.transforms.materialization as materialization
+
+    original = materialization.module_init_from_original_module_init
+
+    def init(transform: Any, tm: Any, *args: Any, non_persistent_only: bool = False, **kwargs: Any) -> Any:
+        if non_persistent_only:
+            return None
         return original(transform, tm, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
