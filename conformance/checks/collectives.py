@@ -197,6 +197,8 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
             continue
         judge_backward(found, label, backward, run.eager_model, world, replicated, bytes_=True)
     record = getattr(run, "scenario", None)
+    setup = getattr(run, "setup", None)
+    judge_waits(found, [*(setup.unwaited if setup is not None else ()), *(record.unwaited if record else ())])
     if record is not None and record.traces is not None:  # none where Thunder raised: numerics says so
         judge_scenario(found, record, expected, alternatives, gathered_bytes, references, world)
         wanted = scenario_counts(record.scenario, expected).get("backward")
@@ -208,6 +210,16 @@ def check(run: CellRecord | SimulatedRecord) -> Findings:
             must_reduce = counts[kind] == expected["backward"][kind]
             judge_backward(found, label, record.traces.backward, run.eager_model, world, replicated, bytes_=must_reduce)
     return found
+
+
+def judge_waits(found: Findings, unwaited: list[str]) -> None:
+    """Every asynchronous collective Thunder issued outside its traces was waited on
+    (conformance/rank/waits.py): torch.distributed defines its result only after the wait, so
+    one never waited on is read too early wherever the backend runs it apart (NCCL's stream).
+    Judged by the call, not by values: on gloo the values usually land in time."""
+    for each in unwaited:
+        phase, _, call = each.partition(": ")
+        found.fail("collectives.unwaited", f"{each}: issued asynchronously, never waited on", phase=phase, call=call)
 
 
 def check_process_group(run: CellRecord) -> Findings:

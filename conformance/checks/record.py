@@ -38,6 +38,9 @@ class SetupRecord:
     # under PyTorch's parallelism, what DCP's load of the full state dict raised at setup
     # (``Kind at file:line in function: message``); the model then starts where it was left
     loaded_error: str | None = None
+    # asynchronous collectives Thunder's setup issued through torch.distributed and never
+    # waited on (conformance/rank/waits.py), each "phase: call"
+    unwaited: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -299,6 +302,9 @@ class ScenarioRecord:
     # under PyTorch's parallelism: what the scenario issued at the process group, per phase
     # (Thunder's traces hold none of it: ``traces`` stays None)
     issued: list[Issued] | None = None
+    # asynchronous collectives Thunder issued through torch.distributed during the scenario
+    # (the sync on leaving no_sync) and never waited on, each "phase: call"
+    unwaited: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

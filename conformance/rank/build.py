@@ -4,6 +4,7 @@ measured."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -19,7 +20,7 @@ from conformance.checks.record import ModuleInit
 from conformance.checks.storages import tied_duplicates
 from conformance.matrix.cells import Cell
 from conformance.matrix.initialization import SetupPlan, StateDictKind, plan
-from conformance.rank import measure, progress, raised
+from conformance.rank import measure, progress, raised, waits
 from conformance.rank.clock import thunder_call
 from conformance.rank.dropout import replace_output_dropout
 from conformance.rank.gather import Gathered, clones, gather, shard, snapshot
@@ -188,6 +189,8 @@ class Composed:
     transforms: list[Any]  # the cell's transforms beside sharding (cell_transforms), as handed to Thunder
     # under PyTorch's parallelism, what loading the full state dict at setup raised (named)
     loaded_error: str | None = None
+    # asynchronous collectives Thunder's setup issued and never waited on (conformance/rank/waits.py)
+    unwaited: list[str] = dataclasses.field(default_factory=list)
 
 
 def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
@@ -213,7 +216,10 @@ def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
     # PyTorch's parallelism issues its collectives on a group that counts them (made once per
     # world, outside the measured setup: it is the kit's)
     group = counted_group() if recipe.composition.parallelism == "torch" else None
-    with measure.measure(recipe.device) as setup, thunder_call("Thunder's transforms"):
+    # Thunder's transforms call torch.distributed themselves (PyTorch's parallelism waits in its hooks)
+    unwaited: list[str] = []
+    tracking = waits.awaited(unwaited, "setup") if group is None else contextlib.nullcontext()
+    with measure.measure(recipe.device) as setup, thunder_call("Thunder's transforms"), tracking:
         # where a state dict is loaded after module init, module init draws other values than
         # the eager model the state dict comes from: a load that writes nothing then shows
         offset = LOADED_OVER if recipe.plan.load_after else 0
@@ -247,7 +253,7 @@ def compose(recipe: Recipe, eager_model: EagerModel) -> Composed:
             tm.load_original_state_dict(state)
         elif recipe.plan.load_after == "transformed":
             tm.load_state_dict(state)
-    return Composed(tm, setup.peak, time.perf_counter() - began, transforms, loaded_error)
+    return Composed(tm, setup.peak, time.perf_counter() - began, transforms, loaded_error, unwaited)
 
 
 def _materialization(setup: SetupPlan, state: dict[str, torch.Tensor] | None) -> Any:

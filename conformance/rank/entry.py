@@ -84,6 +84,7 @@ def drive(
     progress.at("recording setup")
     alive_after_setup = measure.census(parts.device, eager_model.kit_pointers() | _bookkeeping(tm))
     setup = record_setup(parts, eager_model, tm, composed.loaded_error)
+    setup.unwaited = composed.unwaited
     progress.at("training")
     breaks = reached.graph_breaks()
     training = train(parts, eager_model, tm, rank, world)

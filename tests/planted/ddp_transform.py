@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from conformance.checks.registry import AREAS
-from tests.planted.cells import BF16, BF16_DDP, BF16_FSDP, DDP, FSDP, NEGATIVE, NONE
+from tests.planted.cells import BF16, BF16_DDP, BF16_FSDP, BROADCAST, DDP, FSDP, NEGATIVE, NONE
 from tests.planted.patching import smallest_gradient_reduced_upcast, thunder_steps
 from tests.planted.record import Expect, planted
 
@@ -102,4 +102,35 @@ def all_reduce_upcast() -> Iterator[None]:
     """DDP's backward upcasts the smallest bfloat16 gradient to float32 before its all-reduce
     and casts the result back: one all-reduce in float32, twice its bytes."""
     with smallest_gradient_reduced_upcast("thunder.distributed.transforms.ddp_v2:DDPTransform", "REPLICATED"):
+        yield
+
+
+class _AsyncBroadcasts:
+    """torch.distributed as DDP's transform sees it, but for a broadcast made asynchronous
+    whose Work is dropped (everything else is the module's, looked up at each call)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        self._real.broadcast(*args, **{**kwargs, "async_op": True})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+# The census's survivor at ddp_v2.py:81 (async_op=True for the buffers' broadcast): on gloo the
+# values land before anyone reads them, so only the wait itself can show it.
+@planted(
+    {"collectives": Expect(lambda c: DDP(c) and BROADCAST(c), NONE, "setup: broadcast: issued asynchronously")},
+    cells=(lambda c: DDP(c) and BROADCAST(c), lambda c: FSDP(c) and BROADCAST(c)),
+)
+@contextlib.contextmanager
+def ddp_broadcast_never_waited() -> Iterator[None]:
+    """DDP's transform broadcasts the replicas' parameters and buffers asynchronously and never
+    waits on them: on NCCL the first step may read them before they arrive."""
+    from thunder.distributed.transforms import ddp_v2
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ddp_v2, "tdist", _AsyncBroadcasts(ddp_v2.tdist))
         yield

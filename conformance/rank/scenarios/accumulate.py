@@ -12,6 +12,7 @@ over the ranks rather than averaged), so that the finding names the mistake Thun
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from conformance.checks.record import Issued, ScenarioRecord
@@ -21,6 +22,7 @@ from conformance.rank.clock import thunder_call
 from conformance.rank.eager import loss, rank_gradients
 from conformance.rank.process_group import calls_for, counting
 from conformance.rank.scenarios.beside import AFTER_TRAINING, Batch, Eager, batch_gradients, combined, summed, weighted
+from conformance.rank.waits import awaited
 from fixtures.options import MICRO_STEPS
 
 
@@ -35,8 +37,11 @@ def accumulate(
     # under PyTorch's parallelism the collectives are counted at the process group, every
     # micro-step's in its phase (the skipped ones' and the last's together)
     calls = calls_for(recipe.composition)
+    # leaving no_sync, Thunder's own transforms sync what was skipped through torch.distributed
+    unwaited: list[str] = []
+    tracking = awaited(unwaited, "leaving no_sync") if calls is None else contextlib.nullcontext()
     try:
-        with tm.no_sync():
+        with tracking, tm.no_sync():
             for batch in batches[:-1]:
                 with thunder_call():
                     _step(tm, batch, rank, calls)
@@ -71,6 +76,7 @@ def accumulate(
         alternatives_local={} if local is None else {name: combined(local, w) for name, w in mistakes.items()},
         traces=None if calls is not None else traces,
         issued=calls,
+        unwaited=unwaited,
     )
 
 

@@ -1,0 +1,115 @@
+"""The asynchronous collectives Thunder issues outside its traces (a broadcast at setup, the
+sync on leaving ``no_sync``) and never waits on.
+
+torch.distributed defines an asynchronous collective's result only once its ``Work`` is
+waited on: under NCCL the collective runs on a stream of its own, and a caller that reads the
+tensor without waiting reads it too early. On gloo the result usually lands before anyone
+reads it, so no value can show the race: whether the wait happens is what is recorded. Inside
+its traces Thunder waits through its own ``wait`` symbol (the collectives area counts those);
+this covers the Python calls around them, where Thunder calls ``torch.distributed`` itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+# the collectives a transform calls through torch.distributed's Python API with ``async_op``
+ASYNC_CALLS = (
+    "broadcast",
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+)
+
+
+@dataclasses.dataclass
+class _Issued:
+    """One asynchronous collective (or coalesced group of them) and whether it was waited on."""
+
+    call: str
+    waited: bool = False
+
+
+class _Work:
+    """A ``Work`` handed back to the caller, marking its wait; every other use goes to it."""
+
+    def __init__(self, work: Any, issued: _Issued) -> None:
+        self._work, self._issued = work, issued
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._issued.waited = True
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+def _asking_async(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    try:
+        bound = inspect.signature(function).bind(*args, **kwargs)
+    except TypeError:  # the call itself is wrong: torch says so when it is made
+        return False
+    return bool(bound.arguments.get("async_op", False))
+
+
+def _tracking(name: str, original: Any, issued: list[_Issued]) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        work = original(*args, **kwargs)
+        if work is None or not _asking_async(original, args, kwargs):
+            return work
+        issued.append(_Issued(name))
+        return _Work(work, issued[-1])
+
+    return call
+
+
+def _tracking_coalesced(original: Any, issued: list[_Issued]) -> Any:
+    @contextlib.contextmanager
+    def coalescing(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        asked = inspect.signature(original).bind(*args, **kwargs).arguments.get("async_ops", False)
+        with original(*args, **kwargs) as manager:
+            yield manager
+        if asked:  # its works are the manager's: its wait() waits on them
+            issued.append(_Issued("coalesced collectives"))
+            waits, record = manager.wait, issued[-1]
+
+            def wait() -> None:
+                record.waited = True
+                waits()
+
+            manager.wait = wait
+
+    return coalescing
+
+
+@contextlib.contextmanager
+def awaited(unwaited: list[str], phase: str) -> Iterator[None]:
+    """While the block runs, every asynchronous collective called through torch.distributed's
+    Python API (or a coalescing manager asked for asynchronous ops) is tracked; those not
+    waited on when it ends are appended to ``unwaited`` as ``"{phase}: {call}"``."""
+    issued: list[_Issued] = []
+    originals = {name: getattr(distributed_c10d, name) for name in ASYNC_CALLS}
+    coalescing = distributed_c10d._coalescing_manager
+    try:
+        for name, original in originals.items():
+            tracked = _tracking(name, original, issued)
+            # Thunder calls both torch.distributed.<name> and distributed_c10d.<name>
+            setattr(distributed_c10d, name, tracked)
+            setattr(dist, name, tracked)
+        distributed_c10d._coalescing_manager = _tracking_coalesced(coalescing, issued)
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(distributed_c10d, name, original)
+            setattr(dist, name, original)
+        distributed_c10d._coalescing_manager = coalescing
+        unwaited.extend(f"{phase}: {i.call}" for i in issued if not i.waited)

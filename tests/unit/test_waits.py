@@ -1,0 +1,60 @@
+"""The asynchronous collectives Thunder issues outside its traces and never waits on
+(conformance/rank/waits.py), and their judgment (collectives.judge_waits)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+from conformance.checks.collectives import judge_waits
+from conformance.checks.findings import Findings
+from conformance.rank.waits import awaited
+
+
+@pytest.fixture
+def world_of_one(tmp_path) -> Iterator[None]:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_waited_and_synchronous_collectives_are_not_recorded(world_of_one: None) -> None:
+    unwaited: list[str] = []
+    t = torch.ones(3)
+    with awaited(unwaited, "setup"):
+        dist.broadcast(t, src=0)  # synchronous
+        dist.all_reduce(t, async_op=True).wait()
+        distributed_c10d.broadcast(t, 0, None, True).wait()  # positionally asynchronous
+        with distributed_c10d._coalescing_manager(async_ops=True) as cm:
+            distributed_c10d.all_reduce(t)
+        cm.wait()
+    assert unwaited == []
+
+
+def test_an_asynchronous_collective_never_waited_on_is_recorded(world_of_one: None) -> None:
+    unwaited: list[str] = []
+    t = torch.ones(3)
+    before = (dist.broadcast, distributed_c10d.all_reduce, distributed_c10d._coalescing_manager)
+    with awaited(unwaited, "leaving no_sync"):
+        dist.broadcast(t, src=0, async_op=True)  # the Work dropped, as a mutant of ddp_v2 does
+        with distributed_c10d._coalescing_manager(async_ops=True):  # cm.wait() deleted
+            distributed_c10d.all_reduce(t)
+    assert unwaited == ["leaving no_sync: broadcast", "leaving no_sync: coalesced collectives"]
+    assert (dist.broadcast, distributed_c10d.all_reduce, distributed_c10d._coalescing_manager) == before
+
+
+def test_each_collective_never_waited_on_is_a_finding() -> None:
+    found = Findings()
+    judge_waits(found, ["setup: broadcast", "leaving no_sync: coalesced collectives"])
+    assert [(f.code, f.fields) for f in found.found] == [
+        ("collectives.unwaited", {"phase": "setup", "call": "broadcast"}),
+        ("collectives.unwaited", {"phase": "leaving no_sync", "call": "coalesced collectives"}),
+    ]
+    judge_waits(clean := Findings(), [])
+    assert clean.found == []
