@@ -53,6 +53,15 @@ def test_the_kits_own_logic_innermost_is_the_kits() -> None:
     assert blame([*SETUP[:2], gather, frame(C10D, "all_gather")]).owner == KIT
 
 
+def test_thunders_collective_raising_through_the_waits_wrapper_is_thunders() -> None:
+    """rank/waits.py hands Thunder's torch.distributed calls through (a broadcast at setup
+    made asynchronous on a hybrid mesh raised inside torch, census mutant fsdp_v2.py:224)."""
+    waits = str(ROOT / "conformance" / "rank" / "waits.py")
+    who = blame([*SETUP[:-1], frame(waits, "call", 66), frame(C10D, "broadcast")])
+    assert who.owner == THUNDER
+    assert who.frame is not None and (who.frame.function, who.frame.line) == ("transform_module", 76)
+
+
 def test_instrumentation_that_raised_itself_is_the_kits() -> None:
     who = blame([*SETUP, frame(MEASURE, "__torch_dispatch__", 55)])  # innermost: no op below it
     assert who.owner == KIT and who.frame is not None and who.frame.function == "__torch_dispatch__"
