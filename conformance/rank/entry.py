@@ -83,8 +83,7 @@ def drive(
     tm = composed.thunder_module
     progress.at("recording setup")
     alive_after_setup = measure.census(parts.device, eager_model.kit_pointers() | _bookkeeping(tm))
-    setup = record_setup(parts, eager_model, tm, composed.loaded_error)
-    setup.unwaited = composed.unwaited
+    setup = record_setup(parts, eager_model, tm, composed.loaded_error, composed.unwaited)
     progress.at("training")
     breaks = reached.graph_breaks()
     training = train(parts, eager_model, tm, rank, world)
@@ -168,7 +167,9 @@ def offload_decision(transforms: list[Any]) -> Any:
     return decisions[-1] if decisions else None
 
 
-def record_setup(parts: Recipe, eager_model: EagerModel, tm: Any, loaded_error: str | None = None) -> SetupRecord:
+def record_setup(
+    parts: Recipe, eager_model: EagerModel, tm: Any, loaded_error: str | None = None, unwaited: list[str] | None = None
+) -> SetupRecord:
     """What the Thunder module holds right after setup. Where Thunder drew the weights
     (module init; a partly-meta model's fresh part), or a state dict's load raised
     (``loaded_error``: materialization's finding), the eager model adopts them so that the
@@ -184,6 +185,7 @@ def record_setup(parts: Recipe, eager_model: EagerModel, tm: Any, loaded_error: 
         eager_buffers=cpu_copies(eager_model.module.named_buffers()),
         buffers_unlike_rank0=sorted(n for n, t in buffers.items() if not identical(t, on_ranks[0].get(n))),
         loaded_error=loaded_error,
+        unwaited=list(unwaited or ()),
     )
     # what Thunder drew (None: every tensor), the values eager adopts; after a raised load,
     # whatever the module holds

@@ -53,18 +53,20 @@ class _Work:
         return getattr(self._work, name)
 
 
-def _asking_async(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+def _asking_async(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     try:
-        bound = inspect.signature(function).bind(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
     except TypeError:  # the call itself is wrong: torch says so when it is made
         return False
     return bool(bound.arguments.get("async_op", False))
 
 
 def _tracking(name: str, original: Any, issued: list[_Issued]) -> Any:
+    signature = inspect.signature(original)  # once: the traces' collectives call through here too
+
     def call(*args: Any, **kwargs: Any) -> Any:
         work = original(*args, **kwargs)
-        if work is None or not _asking_async(original, args, kwargs):
+        if work is None or not _asking_async(signature, args, kwargs):
             return work
         issued.append(_Issued(name))
         return _Work(work, issued[-1])
@@ -73,9 +75,11 @@ def _tracking(name: str, original: Any, issued: list[_Issued]) -> Any:
 
 
 def _tracking_coalesced(original: Any, issued: list[_Issued]) -> Any:
+    signature = inspect.signature(original)
+
     @contextlib.contextmanager
     def coalescing(*args: Any, **kwargs: Any) -> Iterator[Any]:
-        asked = inspect.signature(original).bind(*args, **kwargs).arguments.get("async_ops", False)
+        asked = signature.bind(*args, **kwargs).arguments.get("async_ops", False)
         with original(*args, **kwargs) as manager:
             yield manager
         if asked:  # its works are the manager's: its wait() waits on them

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+import torch.distributed as dist
 
 from conformance.world import launch
 from tests.support.fake_gpus import FakeCuda
@@ -23,3 +26,13 @@ def gpus(monkeypatch: pytest.MonkeyPatch):
         return found
 
     return see
+
+
+@pytest.fixture
+def world_of_one(tmp_path) -> Iterator[None]:
+    """One gloo rank in this process for the test, gone after it."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

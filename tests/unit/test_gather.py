@@ -6,8 +6,6 @@ one gloo rank, in process."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -15,15 +13,6 @@ from torch import nn
 
 from conformance.checks.findings import Findings
 from conformance.rank.gather import gather
-
-
-@pytest.fixture
-def world_of_one(tmp_path) -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("replicated", [True, False], ids=["ddp", "fsdp"])
@@ -99,7 +88,6 @@ def test_a_tensor_left_on_meta_copies_as_values_no_comparison_takes_for_eagers()
 def _gather_dtensors(rank: int, store: str, out: str, on_both: bool) -> None:
     """One rank of a world of two: ``weight`` a DTensor on rank 0 and, unless ``on_both``, a
     plain tensor of the same rows on rank 1; the gathered result written to ``out``."""
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
 

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
@@ -13,15 +10,6 @@ from torch.distributed import distributed_c10d
 from conformance.checks.collectives import judge_waits
 from conformance.checks.findings import Findings
 from conformance.rank.waits import awaited
-
-
-@pytest.fixture
-def world_of_one(tmp_path) -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_waited_and_synchronous_collectives_are_not_recorded(world_of_one: None) -> None:
