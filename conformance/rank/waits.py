@@ -30,6 +30,10 @@ ASYNC_CALLS = (
     "reduce_scatter_tensor",
 )
 
+# read once, from torch's own definitions when the kit is imported: the traces' collectives call
+# through the wrappers too, and a replacement's (*args, **kwargs) would hide async_op
+_SIGNATURES = {name: inspect.signature(getattr(distributed_c10d, name)) for name in ASYNC_CALLS}
+
 
 @dataclasses.dataclass
 class _Issued:
@@ -61,9 +65,7 @@ def _asking_async(signature: inspect.Signature, args: tuple[Any, ...], kwargs: d
     return bool(bound.arguments.get("async_op", False))
 
 
-def _tracking(name: str, original: Any, issued: list[_Issued]) -> Any:
-    signature = inspect.signature(original)  # once: the traces' collectives call through here too
-
+def _tracking(name: str, original: Any, signature: inspect.Signature, issued: list[_Issued]) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         work = original(*args, **kwargs)
         if work is None or not _asking_async(signature, args, kwargs):
@@ -101,19 +103,19 @@ def awaited(unwaited: list[str], phase: str) -> Iterator[None]:
     Python API (or a coalescing manager asked for asynchronous ops) is tracked; those not
     waited on when it ends are appended to ``unwaited`` as ``"{phase}: {call}"``."""
     issued: list[_Issued] = []
-    originals = {name: getattr(distributed_c10d, name) for name in ASYNC_CALLS}
+    # each module's own binding, restored as found: a caller (a planted bug, a user's hook) may
+    # have replaced torch.distributed.<name> and not distributed_c10d.<name>, or the reverse
+    modules = (distributed_c10d, dist)
+    originals = {(module, name): getattr(module, name) for module in modules for name in ASYNC_CALLS}
     coalescing = distributed_c10d._coalescing_manager
     try:
-        for name, original in originals.items():
-            tracked = _tracking(name, original, issued)
-            # Thunder calls both torch.distributed.<name> and distributed_c10d.<name>
-            setattr(distributed_c10d, name, tracked)
-            setattr(dist, name, tracked)
+        # Thunder calls both torch.distributed.<name> and distributed_c10d.<name>
+        for (module, name), original in originals.items():
+            setattr(module, name, _tracking(name, original, _SIGNATURES[name], issued))
         distributed_c10d._coalescing_manager = _tracking_coalesced(coalescing, issued)
         yield
     finally:
-        for name, original in originals.items():
-            setattr(distributed_c10d, name, original)
-            setattr(dist, name, original)
+        for (module, name), original in originals.items():
+            setattr(module, name, original)
         distributed_c10d._coalescing_manager = coalescing
         unwaited.extend(f"{phase}: {i.call}" for i in issued if not i.waited)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
@@ -35,6 +36,26 @@ def test_an_asynchronous_collective_never_waited_on_is_recorded(world_of_one: No
             distributed_c10d.all_reduce(t)
     assert unwaited == ["leaving no_sync: broadcast", "leaving no_sync: coalesced collectives"]
     assert (dist.broadcast, distributed_c10d.all_reduce, distributed_c10d._coalescing_manager) == before
+
+
+def test_a_replacement_of_one_module_binding_is_tracked_and_restored(
+    world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A planted bug (or a user's hook) replaces torch.distributed.all_reduce only: the block
+    tracks its asynchronous call through the replacement and hands back both bindings as
+    found, so the replacement still runs after Thunder's setup."""
+    original, seen = dist.all_reduce, []
+
+    def replaced(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
+        seen.append(kwargs.get("async_op"))
+        return original(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", replaced)
+    unwaited: list[str] = []
+    with awaited(unwaited, "setup"):
+        dist.all_reduce(torch.ones(2), async_op=True)
+    assert (seen, unwaited) == ([True], ["setup: all_reduce"])
+    assert dist.all_reduce is replaced and distributed_c10d.all_reduce is original
 
 
 def test_each_collective_never_waited_on_is_a_finding() -> None:
