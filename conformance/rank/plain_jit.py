@@ -32,7 +32,14 @@ def plain_plan(recipe: Recipe) -> PlainPlan:
     """Plain jit's forward plan for the recipe's model: rank 0's (cached per key in its
     process), broadcast to the world. Every rank calls it, as a collective."""
     cell = recipe.cell
-    key = (_VARIANT, cell.model, cell.spec, cell.tie, cell.dtype, cell.executors, recipe.device.type)
+    # everything _compile reads: the model as recipe.make builds it (tied, checkpointed), its
+    # dtype, executors and device; a plan keyed on less is another cell's (a checkpointed block
+    # saves its input alone)
+    key = (
+        _VARIANT,
+        *(cell.model, cell.spec, cell.tie, cell.checkpointing, cell.dtype, cell.executors),
+        recipe.device.type,
+    )
     plan = [None]
     if dist.get_rank() == 0:
         if key not in _PLANS:

@@ -34,8 +34,10 @@ def compiles(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str | None]]:
         dist.destroy_process_group()
 
 
-def _recipe(model: str = "mlp") -> object:
-    cell = types.SimpleNamespace(model=model, spec=None, tie="untied", dtype="float32", executors="default")
+def _recipe(model: str = "mlp", checkpointing: str = "none") -> object:
+    cell = types.SimpleNamespace(
+        model=model, spec=None, tie="untied", checkpointing=checkpointing, dtype="float32", executors="default"
+    )
     return types.SimpleNamespace(cell=cell, device=torch.device("cpu"))
 
 
@@ -49,6 +51,14 @@ def test_a_plan_is_compiled_once_per_key_and_per_thunder(compiles: list[str | No
     assert plain_jit.plain_plan(_recipe()) == first  # the installed Thunder's again, not the bug's
     plain_jit.plain_plan(_recipe("tied_lm"))
     assert compiles == [None, "a_planted_bug", None]
+
+
+def test_a_checkpointed_model_has_a_plan_of_its_own(compiles: list[str | None]) -> None:
+    """Blocks through torch.utils.checkpoint save their inputs alone: the checkpointed model's
+    plan is never the plain one's, in either order (a census trial's order put the checkpointed
+    cell first and the plain cell's memory item failed against it)."""
+    checkpointed = plain_jit.plain_plan(_recipe(checkpointing="blocks"))
+    assert plain_jit.plain_plan(_recipe()) != checkpointed and len(compiles) == 2
 
 
 def test_plain_jit_raising_is_a_plan_that_says_so(compiles: list[str | None], monkeypatch) -> None:
