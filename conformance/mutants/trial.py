@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from conformance.mutants.kills import INCOMPETENT, KIT_ERROR, NOT_COVERED, TIMEOUT, Verdict, classify
+from conformance.mutants.kills import INCOMPETENT, KIT_ERROR, NOT_COVERED, RAISED, SILENT, TIMEOUT, Verdict, classify
 from conformance.mutants.overlay import Overlay
 from conformance.mutants.sites import Mutant
 from conformance.reports.coverage_map import CoverageMap
@@ -109,36 +109,66 @@ def run(mutant: Mutant, overlay: Overlay, plan: Plan, folder: Path) -> tuple[Ver
         if imports.returncode != 0:
             last = (imports.stderr.strip().splitlines() or ["(no output)"])[-1]
             return Verdict(INCOMPETENT, detail=last, seconds=time.perf_counter() - start), diff
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        (folder / "cells.txt").write_text("".join(f"{c}\n" for c in cells))
-        argv = [
-            sys.executable,
-            "-m",
-            "pytest",
-            "conformance",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "--first-failing-cell",
-            "--cells",
-            str(folder / "cells.txt"),
-            "--report-dir",
-            str(folder),
-            *plan.suite_args,
-        ]
-        with (folder / "output.txt").open("w") as out:
-            try:
-                run_suite(argv, env, out, plan.timeout)
-            except subprocess.TimeoutExpired:
-                return Verdict(TIMEOUT, detail=f"the suite ran past {plan.timeout:.0f} s"), diff
+        verdict = _judged(cells, folder, env, plan, start)
+        if verdict.outcome == SILENT and verdict.cells_run > 1:
+            verdict = _confirmed(verdict, folder, env, plan, start)
+    return verdict, diff
+
+
+def _judged(cells: list[str], folder: Path, env: dict[str, str], plan: Plan, start: float) -> Verdict:
+    """The suite on ``cells`` (the mutant applied), up to the first failing cell, classified."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    (folder / "cells.txt").write_text("".join(f"{c}\n" for c in cells))
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "conformance",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--first-failing-cell",
+        "--cells",
+        str(folder / "cells.txt"),
+        "--report-dir",
+        str(folder),
+        *plan.suite_args,
+    ]
+    with (folder / "output.txt").open("w") as out:
+        try:
+            run_suite(argv, env, out, plan.timeout)
+        except subprocess.TimeoutExpired:
+            return Verdict(TIMEOUT, detail=f"the suite ran past {plan.timeout:.0f} s")
     seconds = time.perf_counter() - start
     shutil.rmtree(folder / "worlds", ignore_errors=True)  # rank logs: the report keeps what matters
     report_file = folder / "report.json"
     if not report_file.exists():  # the pytest process never imports Thunder: no report is the kit's failure
         tail = (folder / "output.txt").read_text(errors="replace").strip().splitlines()[-3:]
-        return Verdict(KIT_ERROR, detail="no report: " + " | ".join(tail), seconds=seconds), diff
-    return classify(json.loads(report_file.read_text()), seconds), diff
+        return Verdict(KIT_ERROR, detail="no report: " + " | ".join(tail), seconds=seconds)
+    return classify(json.loads(report_file.read_text()), seconds)
+
+
+def _confirmed(killed: Verdict, folder: Path, env: dict[str, str], plan: Plan, start: float) -> Verdict:
+    """A silent kill after other cells must recur on its cell run alone: a finding that needs
+    the cells before it in the same process is the kit's state leaking across cells (a cache
+    keyed on too little) or a flake, not what the mutant computes. Not recurring, the trial is
+    the kit's failure, named, and judged again after the kit is fixed (``--rejudge``)."""
+    alone = _judged([killed.cell], folder / "alone", env, plan, start)
+    if alone.outcome == SILENT:
+        return dataclasses.replace(killed, seconds=alone.seconds)
+    if alone.outcome == RAISED:  # a kill still: alone, Thunder raises where it ran on before
+        return dataclasses.replace(alone, cells_run=killed.cells_run)
+    return Verdict(
+        KIT_ERROR,
+        killed.cells_run,
+        killed.cell,
+        killed.areas,
+        f"killed at {killed.cell} after {killed.cells_run - 1} other cells, but on that cell alone "
+        f"{alone.outcome}: {killed.detail}",
+        alone.seconds,
+        killed.findings,
+    )
 
 
 def run_suite(argv: list[str], env: dict[str, str], out: IO[str], timeout: float, grace: float = 60.0) -> int:

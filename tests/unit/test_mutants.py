@@ -4,6 +4,7 @@ the equivalents file, the overlay, cell selection, verdicts read off reports, sc
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -207,6 +208,29 @@ def test_a_mutant_that_breaks_the_import_is_incompetent_not_a_kill(tmp_path: Pat
     }
     unrun = next(m for m in sites.sites(path, SOURCE, ["core/NumberReplacer"]) if m.line == 6)
     assert trial.cells_for(unrun, CoverageMap("0", {path: lines}, {}, (), {})) == []
+
+
+def test_a_silent_kill_after_other_cells_must_recur_on_its_cell_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill that needs the cells run before it in the same process is the kit's state
+    leaking across cells (plain jit's plan once shared between a checkpointed cell and the
+    plain one) or a flake: the kit's failure, named, never a kill."""
+    killed = Verdict(SILENT, 12, "mlp-x", ("memory",), "backward peak along the plan", 30.0, ("80 B over",))
+    alone: list[Verdict] = []
+    monkeypatch.setattr(trial, "_judged", lambda cells, *rest: alone.pop(0) if cells == ["mlp-x"] else killed)
+    plan = trial.Plan(CoverageMap("0", {}, {}, (), {}), tmp_path)
+
+    alone.append(Verdict(SURVIVED, 1, seconds=8.0))
+    verdict = trial._confirmed(killed, tmp_path, {}, plan, 0.0)
+    assert verdict.outcome == KIT_ERROR and verdict.cell == "mlp-x"
+    assert "after 11 other cells, but on that cell alone survived" in verdict.detail
+
+    alone.append(Verdict(SILENT, 1, "mlp-x", ("memory",), "backward peak along the plan", 9.0))
+    assert trial._confirmed(killed, tmp_path, {}, plan, 0.0) == dataclasses.replace(killed, seconds=9.0)
+
+    alone.append(Verdict(RAISED, 1, "mlp-x", (), "Thunder raised at ...", 7.0))
+    assert trial._confirmed(killed, tmp_path, {}, plan, 0.0).outcome == RAISED
 
 
 def test_a_mutant_in_a_statement_run_at_import_runs_where_it_can_matter(tmp_path: Path) -> None:
