@@ -100,6 +100,9 @@ def _gather_dtensors(rank: int, store: str, out: str, on_both: bool) -> None:
         module.weight = nn.Parameter(held)
         got = gather(module, {"weight": torch.Size([4, 3])}, dtensors=True)
         torch.save({"weight": got["weight"], "defects": got.defects}, f"{out}.{rank}")
+        # neither rank tears its pairs down while the other's gloo thread still sends: one
+        # run in five aborted a rank ("terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
