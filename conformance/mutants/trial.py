@@ -159,15 +159,12 @@ def _confirmed(killed: Verdict, folder: Path, env: dict[str, str], plan: Plan, s
         return dataclasses.replace(killed, seconds=alone.seconds)
     if alone.outcome == RAISED:  # a kill still: alone, Thunder raises where it ran on before
         return dataclasses.replace(alone, cells_run=killed.cells_run)
-    return Verdict(
-        KIT_ERROR,
-        killed.cells_run,
-        killed.cell,
-        killed.areas,
-        f"killed at {killed.cell} after {killed.cells_run - 1} other cells, but on that cell alone "
+    return dataclasses.replace(
+        killed,
+        outcome=KIT_ERROR,
+        detail=f"killed at {killed.cell} after {killed.cells_run - 1} other cells, but on that cell alone "
         f"{alone.outcome}: {killed.detail}",
-        alone.seconds,
-        killed.findings,
+        seconds=alone.seconds,
     )
 
 

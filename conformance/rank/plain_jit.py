@@ -36,9 +36,7 @@ def plain_plan(recipe: Recipe) -> PlainPlan:
     # dtype, executors and device; a plan keyed on less is another cell's (a checkpointed block
     # saves its input alone)
     key = (
-        _VARIANT,
-        *(cell.model, cell.spec, cell.tie, cell.checkpointing, cell.dtype, cell.executors),
-        recipe.device.type,
+        _VARIANT, cell.model, cell.spec, cell.tie, cell.checkpointing, cell.dtype, cell.executors, recipe.device.type
     )
     plan = [None]
     if dist.get_rank() == 0:
